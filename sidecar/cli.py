@@ -1,0 +1,197 @@
+"""The `sidecar` command (also `python -m sidecar`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from sidecar import __version__
+from sidecar.config import ConfigError, load_config_file
+from sidecar.envoy_config.render import DEFAULT_CA_BUNDLE, EnvoyAddresses, render_envoy_yaml
+from sidecar.gateway import StartupError
+
+DEFAULT_LISTEN = "127.0.0.1:10000"
+DEFAULT_EXT_PROC = "127.0.0.1:50051"
+DEFAULT_ADMIN = "127.0.0.1:9901"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sidecar",
+        description="Envoy ext_proc sidecar that routes LLM model groups to provider targets.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default="info", help="sidecar log level (default: info)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser(
+        "up", help="run the embedded stack: sidecar + Envoy (+ demo providers without --config)"
+    )
+    up.add_argument("--config", type=Path, help="routing configuration (default: the demo)")
+    _address_flags(up)
+    up.add_argument("--demo-port", type=int, default=18080,
+                    help="port of the demo providers (default: 18080; 0 picks a free port)")
+    up.add_argument("--demo-token", default="demo-caller-token",
+                    help="caller token the demo configuration accepts")
+    up.add_argument("--envoy-log-level", default="warning")
+
+    serve = commands.add_parser("serve", help="run only the ext_proc gRPC server (containers)")
+    serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument("--listen", default=DEFAULT_EXT_PROC,
+                       help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
+
+    check = commands.add_parser("check-config", help="validate a configuration file")
+    check.add_argument("file", type=Path)
+    check.add_argument("--secrets", action="store_true",
+                       help="also check that every caller token and provider key can be read")
+
+    render = commands.add_parser("render-envoy", help="print the Envoy bootstrap for a config")
+    render.add_argument("--config", type=Path, required=True)
+    _address_flags(render)
+    render.add_argument("--ca-bundle", default=DEFAULT_CA_BUNDLE,
+                        help="CA file Envoy uses to verify https providers")
+    render.add_argument("--output", type=Path, help="write here instead of stdout")
+
+    providers = commands.add_parser("demo-providers", help="run only the demo providers")
+    providers.add_argument("--listen", default="127.0.0.1:18080")
+    providers.add_argument("--api-key-env", default="SIDECAR_DEMO_PROVIDER_KEY",
+                           help="environment variable holding the key the providers require")
+
+    demo_config = commands.add_parser("demo-config", help="print the demo configuration")
+    demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",
+                             help="where the demo providers listen")
+    return parser
+
+
+def _address_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default=DEFAULT_LISTEN,
+                        help=f"Envoy listener for clients (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--ext-proc", default=DEFAULT_EXT_PROC,
+                        help=f"sidecar gRPC address (default: {DEFAULT_EXT_PROC})")
+    parser.add_argument("--admin", default=DEFAULT_ADMIN,
+                        help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _up(args: argparse.Namespace) -> int:
+    from sidecar.devstack.stack import StackOptions, run_stack
+
+    options = StackOptions(
+        config_path=args.config,
+        addresses=EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc),
+        demo_port=args.demo_port,
+        demo_token=args.demo_token,
+        envoy_log_level=args.envoy_log_level,
+    )
+    return asyncio.run(run_stack(options))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from sidecar.extproc.server import start_server
+    from sidecar.gateway import Gateway, Runtime
+
+    config = load_config_file(args.config)
+    runtime = Runtime(config)
+
+    async def serve() -> None:
+        server = await start_server(Gateway(runtime), args.listen)
+        logging.getLogger("sidecar").info(
+            "ext_proc listening on %s (%d model groups)", args.listen, len(config.models)
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await server.stop(grace=2)
+
+    asyncio.run(serve())
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    config = load_config_file(args.file)
+    if args.secrets:
+        from sidecar.gateway import Runtime
+
+        Runtime(config)
+    callers = len(config.callers)
+    print(f"{args.file}: OK ({len(config.models)} model groups, {callers} callers)")
+    if not callers:
+        print("  note: no callers: are configured, so every request will get 401")
+    return 0
+
+
+def _render_envoy(args: argparse.Namespace) -> int:
+    config = load_config_file(args.config)
+    addresses = EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
+                               ca_bundle=args.ca_bundle)
+    text = render_envoy_yaml(config, addresses)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _demo_providers(args: argparse.Namespace) -> int:
+    import os
+
+    from sidecar.devstack.demo import demo_provider_server
+    from sidecar.envoy_config.render import split_host_port
+
+    host, port = split_host_port(args.listen)
+    key = os.environ.get(args.api_key_env) or None
+
+    async def serve() -> None:
+        server = demo_provider_server(host, port, key)
+        await server.start()
+        logging.getLogger("sidecar").info("demo providers on http://%s:%d", host, server.port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+def _demo_config(args: argparse.Namespace) -> int:
+    from sidecar.devstack.demo import demo_config_text
+
+    sys.stdout.write(demo_config_text(args.providers_url))
+    return 0
+
+
+_COMMANDS = {
+    "up": _up,
+    "serve": _serve,
+    "check-config": _check_config,
+    "render-envoy": _render_envoy,
+    "demo-providers": _demo_providers,
+    "demo-config": _demo_config,
+}

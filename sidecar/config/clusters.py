@@ -1,0 +1,19 @@
+"""Envoy cluster names for targets: the one contract shared by the rendered Envoy
+configuration and the sidecar that selects clusters at request time.
+
+One cluster per target (not per provider) keeps Envoy's statistics and retries per target.
+Names avoid dots so Envoy's stat tag extraction keeps the whole name as `cluster_name`.
+"""
+
+from __future__ import annotations
+
+import re
+
+EXT_PROC_CLUSTER = "sidecar_ext_proc"
+ROUTE_HEADER = "x-route-cluster"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def target_cluster_name(group: str, index: int, provider: str) -> str:
+    return f"target__{_UNSAFE.sub('_', group)}__{index}__{_UNSAFE.sub('_', provider)}"

@@ -1,0 +1,146 @@
+"""Turn YAML text into a validated `SidecarConfig`, or into a list of problems with YAML paths.
+
+Every problem is reported at once (not just the first) as ``path: message`` so that
+`sidecar check-config` reads like a to-do list for the operator. Values are never echoed for
+string fields, because a misplaced token or key must not end up in a terminal or CI log.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sidecar.config.models import SidecarConfig
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(Exception):
+    """Raised when a configuration cannot be used; carries every problem found."""
+
+    def __init__(self, problems: Sequence[ConfigProblem], source: str = "configuration") -> None:
+        self.problems = list(problems)
+        self.source = source
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        super().__init__(f"{source} has {len(self.problems)} problem(s):\n{lines}")
+
+
+def load_config_file(path: str | Path) -> SidecarConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([ConfigProblem("", f"cannot read {path}: {exc.strerror}")], str(path))
+    return load_config_text(text, source=str(path))
+
+
+def load_config_text(text: str, source: str = "configuration") -> SidecarConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([ConfigProblem("", f"not valid YAML{where}")], source) from None
+    return load_config_data(data, source)
+
+
+def load_config_data(data: Any, source: str = "configuration") -> SidecarConfig:
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigProblem("", "must be a YAML mapping with a 'models:' key")], source)
+    try:
+        config = SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_problem(error) for error in exc.errors()], source) from None
+    references = config.reference_errors()
+    if references:
+        raise ConfigError([ConfigProblem(e.path, e.message) for e in references], source)
+    return config
+
+
+def _problem(error: Any) -> ConfigProblem:
+    location = tuple(error["loc"])
+    path = _format_path(location)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return ConfigProblem(path, _unknown_key_message(location))
+    if kind == "missing":
+        return ConfigProblem(path, "is required")
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    elif message.startswith("Input should be"):
+        message = "must be" + message[len("Input should be"):]
+    elif message.startswith("Input"):
+        message = message[0].lower() + message[1:]
+    value = error.get("input")
+    if isinstance(value, bool | int | float) and kind != "missing":
+        message = f"{message} (got {value})"
+    return ConfigProblem(path, message)
+
+
+def _format_path(location: tuple[Any, ...]) -> str:
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += ("." if text else "") + str(part)
+    return text
+
+
+def _unknown_key_message(location: tuple[Any, ...]) -> str:
+    allowed = _allowed_keys(location[:-1])
+    key = str(location[-1])
+    if not allowed:
+        return "unknown key"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
+
+
+def _allowed_keys(location: tuple[Any, ...]) -> list[str]:
+    """Walk the model classes along `location` to list the keys allowed at that point."""
+    current: Any = SidecarConfig
+    for part in location:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        else:
+            args = typing.get_args(current)
+            if typing.get_origin(current) is dict and len(args) == 2:
+                current = args[1]
+            elif typing.get_origin(current) is list and args:
+                current = args[0]
+            else:
+                return []
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip `X | None` so the walk can continue into X."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(options) == 1:
+            return options[0]
+    return annotation

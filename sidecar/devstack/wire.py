@@ -1,0 +1,154 @@
+"""Provider-side wire formats for the demo providers: OpenAI Chat and Anthropic Messages,
+as JSON bodies and as SSE event sequences, shaped like the real APIs so the official SDKs
+parse them. Deterministic text: "Hello from <provider> serving <model>." split into words."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_CREATED = 1_700_000_000
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a demo provider answers: words of text, token counts, and why it stopped."""
+
+    id: str
+    model: str
+    words: tuple[str, ...]
+    prompt_tokens: int
+    truncated: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(self.words)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.words)
+
+
+def make_completion(request_id: str, provider: str, request: dict[str, Any], body_size: int,
+                    text: str | None = None) -> Completion:
+    model = str(request.get("model", ""))
+    text = text or f"Hello from {provider} serving {model}. This is a demo completion."
+    pieces = text.split(" ")
+    words = [piece + " " for piece in pieces[:-1]] + [pieces[-1]]
+    cap = request.get("max_completion_tokens") or request.get("max_tokens")
+    truncated = isinstance(cap, int) and 0 < cap < len(words)
+    if truncated:
+        words = words[:cap]
+    return Completion(request_id, model, tuple(words), max(1, body_size // 4), truncated)
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return f"event: {name}\n".encode() + _data(payload)
+
+
+# --- OpenAI Chat -----------------------------------------------------------------------------
+
+def openai_usage(c: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    }
+
+
+def openai_json(c: Completion) -> bytes:
+    return json.dumps({
+        "id": c.id,
+        "object": "chat.completion",
+        "created": _CREATED,
+        "model": c.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": c.text},
+            "finish_reason": "length" if c.truncated else "stop",
+        }],
+        "usage": openai_usage(c),
+    }).encode()
+
+
+def openai_events(c: Completion, include_usage: bool) -> Iterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        return _data({
+            "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    for word in c.words:
+        yield chunk({"content": word}, None)
+    yield chunk({}, "length" if c.truncated else "stop")
+    if include_usage:
+        yield _data({
+            "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
+            "choices": [], "usage": openai_usage(c),
+        })
+    yield b"data: [DONE]\n\n"
+
+
+def openai_error(status: int, message: str) -> bytes:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    if status == 429:
+        kind = "rate_limit_exceeded"
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": None}}).encode()
+
+
+# --- Anthropic Messages ----------------------------------------------------------------------
+
+def _stop_reason(c: Completion) -> str:
+    return "max_tokens" if c.truncated else "end_turn"
+
+
+def anthropic_json(c: Completion) -> bytes:
+    return json.dumps({
+        "id": c.id,
+        "type": "message",
+        "role": "assistant",
+        "model": c.model,
+        "content": [{"type": "text", "text": c.text}],
+        "stop_reason": _stop_reason(c),
+        "stop_sequence": None,
+        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens},
+    }).encode()
+
+
+def anthropic_events(c: Completion) -> Iterator[bytes]:
+    yield _event("message_start", {"type": "message_start", "message": {
+        "id": c.id, "type": "message", "role": "assistant", "model": c.model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": 1},
+    }})
+    yield _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {"type": "text", "text": ""}})
+    yield _event("ping", {"type": "ping"})
+    for word in c.words:
+        yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                             "delta": {"type": "text_delta", "text": word}})
+    yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield _event("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": _stop_reason(c), "stop_sequence": None},
+        "usage": {"output_tokens": c.completion_tokens},
+    })
+    yield _event("message_stop", {"type": "message_stop"})
+
+
+_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                          404: "not_found_error", 429: "rate_limit_error",
+                          529: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()

@@ -1,0 +1,1 @@
+"""Wire shapes of the caller-facing APIs: error bodies and model listings per dialect."""

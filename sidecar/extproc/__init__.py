@@ -1,0 +1,1 @@
+"""Thin Envoy ext_proc adapter: Envoy messages in, gateway outcomes out as mutations."""

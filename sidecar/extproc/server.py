@@ -1,0 +1,34 @@
+"""The gRPC server: ext_proc plus the standard gRPC health service on one port."""
+
+from __future__ import annotations
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from sidecar.extproc.processor import ExternalProcessor
+from sidecar.gateway import Gateway
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+async def start_server(gateway: Gateway, address: str) -> grpc.aio.Server:
+    """Start serving on `address` (host:port); raise OSError if the port cannot be bound."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(gateway), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    for service in ("", EXT_PROC_SERVICE):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server

@@ -1,0 +1,150 @@
+"""Handle one exchange in two steps, mirroring what Envoy sends: headers, then the body.
+
+Headers are enough to authenticate and to answer `/v1/models`; the body names the model
+group and carries what routing needs. Every error is a `Reply` in the caller's dialect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecar.apis import CALLER_PATHS, Dialect
+from sidecar.config.clusters import ROUTE_HEADER
+from sidecar.config.models import Caller
+from sidecar.config.secrets import token_digest
+from sidecar.dialects import errors
+from sidecar.dialects.errors import ClientError
+from sidecar.dialects.models_list import model_list, single_model
+from sidecar.gateway.outcome import Forward, Reply
+from sidecar.gateway.runtime import Runtime
+from sidecar.routing.decision import NoEligibleTarget
+from sidecar.routing.request import RequestSummary
+
+log = logging.getLogger("sidecar.decision")
+
+# Caller credentials and caller-scoped headers that must never reach a provider.
+CALLER_ONLY_HEADERS = (
+    "authorization",
+    "x-api-key",
+    "proxy-authorization",
+    "openai-organization",
+    "openai-project",
+)
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+_MODELS_PATH = "/v1/models"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An authenticated generation request waiting for its body."""
+
+    caller: Caller
+    dialect: Dialect
+    has_anthropic_version: bool
+
+
+class Gateway:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def on_headers(self, headers: Mapping[str, str], end_of_stream: bool) -> Reply | Pending:
+        path = headers.get(":path", "/").split("?", 1)[0]
+        method = headers.get(":method", "GET")
+        dialect = CALLER_PATHS.get(path)
+        anthropic = dialect.is_anthropic if dialect else "anthropic-version" in headers
+
+        token = _presented_token(headers)
+        if token is None:
+            return _error(errors.missing_token(), anthropic)
+        caller = self._runtime.callers_by_digest.get(token_digest(token))
+        if caller is None:
+            return _error(errors.unknown_token(), anthropic)
+
+        if path == _MODELS_PATH or path.startswith(_MODELS_PATH + "/"):
+            if method != "GET":
+                return _error(ClientError(405, f"{method} is not allowed on {path}; use GET"),
+                              anthropic)
+            return self._models(caller, path, anthropic)
+        if dialect is None:
+            served = ", ".join(sorted([*CALLER_PATHS, _MODELS_PATH]))
+            return _error(ClientError(404, f"Unknown endpoint {path}; this gateway serves {served}"),
+                          anthropic)
+        if method != "POST":
+            return _error(ClientError(405, f"{method} is not allowed on {path}; use POST"),
+                          anthropic)
+        if end_of_stream:
+            return _error(ClientError(400, "Request body is required (a JSON object)"), anthropic)
+        return Pending(caller, dialect, "anthropic-version" in headers)
+
+    def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
+        anthropic = pending.dialect.is_anthropic
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _error(ClientError(400, "Request body is not valid JSON"), anthropic)
+        if not isinstance(payload, dict):
+            return _error(ClientError(400, "Request body must be a JSON object"), anthropic)
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            return _error(
+                ClientError(400, "Missing required parameter: 'model' (a model group name)",
+                            param="model"),
+                anthropic,
+            )
+        if model not in self._runtime.config.models or not pending.caller.may_use(model):
+            return _error(errors.model_not_found(model), anthropic)
+
+        summary = RequestSummary(
+            group=model,
+            caller=pending.caller.name,
+            dialect=pending.dialect,
+            stream=payload.get("stream") is True,
+        )
+        decision = self._runtime.router.decide(summary)
+        if isinstance(decision, NoEligibleTarget):
+            log.info("no eligible target group=%s trace=%s", model, ";".join(decision.trace))
+            return _error(ClientError(400, decision.reason, param="model"), anthropic)
+
+        route = self._runtime.routes[(model, decision.primary.index)]
+        payload["model"] = decision.primary.target.model_ref
+        new_body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        set_headers = [
+            (ROUTE_HEADER, route.cluster),
+            (":path", route.path),
+            ("content-length", str(len(new_body))),
+        ]
+        if route.credential is not None:
+            set_headers.append(route.credential)
+        if anthropic and not pending.has_anthropic_version:
+            set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
+        replaced = {name for name, _ in set_headers}
+        remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision group=%s caller=%s target=%s trace=%s", model,
+                      pending.caller.name, decision.primary.label, ";".join(decision.trace))
+        return Forward(route.cluster, route.path, tuple(set_headers), remove, new_body, decision)
+
+    def _models(self, caller: Caller, path: str, anthropic: bool) -> Reply:
+        allowed = self._runtime.groups_for(caller)
+        if path == _MODELS_PATH:
+            return Reply(200, model_list(allowed, anthropic))
+        name = path[len(_MODELS_PATH) + 1:]
+        if name not in allowed:
+            return _error(errors.model_not_found(name), anthropic)
+        return Reply(200, single_model(name, anthropic))
+
+
+def _presented_token(headers: Mapping[str, str]) -> str | None:
+    authorization = headers.get("authorization", "")
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    api_key = headers.get("x-api-key", "").strip()
+    return api_key or None
+
+
+def _error(error: ClientError, anthropic: bool) -> Reply:
+    return Reply(error.status, error.render(anthropic))

@@ -1,0 +1,28 @@
+"""The two things the gateway can decide for an exchange."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.routing.decision import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer the caller directly; nothing goes upstream."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request to `cluster` with these rewrites applied."""
+
+    cluster: str
+    path: str
+    set_headers: tuple[tuple[str, str], ...]
+    remove_headers: tuple[str, ...]
+    body: bytes
+    decision: Decision

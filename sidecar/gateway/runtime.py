@@ -1,0 +1,87 @@
+"""Everything the gateway needs at request time, computed once from the configuration:
+caller token digests, per-target upstream cluster, path and credential header."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sidecar.apis import Dialect
+from sidecar.config.clusters import target_cluster_name
+from sidecar.config.models import Caller, Credential, SidecarConfig
+from sidecar.config.secrets import SecretError, caller_digest, credential_value
+from sidecar.routing.router import Router
+
+
+class StartupError(Exception):
+    """The configuration is valid but cannot be served (for example a secret is missing)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("cannot start:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRoute:
+    cluster: str
+    path: str
+    credential: tuple[str, str] | None
+
+
+def credential_header(credential: Credential, dialect: Dialect, key: str) -> tuple[str, str]:
+    """The header that carries `key` upstream; defaults depend on the dialect."""
+    if credential.header is not None:
+        return credential.header, (credential.prefix or "") + key
+    if dialect.is_anthropic:
+        return "x-api-key", (credential.prefix or "") + key
+    prefix = "Bearer " if credential.prefix is None else credential.prefix
+    return "authorization", prefix + key
+
+
+class Runtime:
+    def __init__(self, config: SidecarConfig, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self.config = config
+        self.router = Router(config)
+        problems: list[str] = []
+        self.callers_by_digest: dict[str, Caller] = {}
+        for index, caller in enumerate(config.callers):
+            try:
+                digest = caller_digest(caller, environ)
+            except SecretError as exc:
+                problems.append(f"callers[{index}] ({caller.name}): {exc}")
+                continue
+            if digest in self.callers_by_digest:
+                problems.append(f"callers[{index}] ({caller.name}): same token as "
+                                f"'{self.callers_by_digest[digest].name}'")
+            self.callers_by_digest[digest] = caller
+        keys: dict[str, str] = {}
+        for name in sorted({t.provider for g in config.models.values() for t in g.targets}):
+            credential = config.providers[name].credential
+            if credential is None:
+                continue
+            try:
+                keys[name] = credential_value(credential, environ)
+            except SecretError as exc:
+                problems.append(f"providers.{name}.credential: {exc}")
+        if problems:
+            raise StartupError(problems)
+        self.routes: dict[tuple[str, int], TargetRoute] = {}
+        for group_name, group in config.models.items():
+            for index, target in enumerate(group.targets):
+                provider = config.providers[target.provider]
+                dialect = config.target_dialect(target)
+                base_path = urlsplit(provider.base_url_for(dialect)).path.rstrip("/")
+                header = None
+                if provider.credential is not None:
+                    header = credential_header(provider.credential, dialect, keys[target.provider])
+                self.routes[(group_name, index)] = TargetRoute(
+                    cluster=target_cluster_name(group_name, index, target.provider),
+                    path=base_path + dialect.endpoint,
+                    credential=header,
+                )
+
+    def groups_for(self, caller: Caller) -> list[str]:
+        return [name for name in self.config.models if caller.may_use(name)]

@@ -1,0 +1,47 @@
+"""The routing core's output: an ordered list of targets and the reasons for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sidecar.config.models import Target
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChoice:
+    """A target of the requested group, identified by its position in `targets[]`."""
+
+    index: int
+    target: Target
+
+    @property
+    def label(self) -> str:
+        """Safe scalar name for traces and logs: ``provider/model_ref``."""
+        return f"{self.target.provider}/{self.target.model_ref}"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Primary first, then the fallback order. `trace` holds safe scalar diagnostics only."""
+
+    group: str
+    strategy: str
+    ordered: tuple[TargetChoice, ...]
+    trace: tuple[str, ...] = field(default=())
+
+    @property
+    def primary(self) -> TargetChoice:
+        return self.ordered[0]
+
+    @property
+    def fallbacks(self) -> tuple[TargetChoice, ...]:
+        return self.ordered[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class NoEligibleTarget:
+    """No target of the group can serve this request as asked; `reason` is caller-safe."""
+
+    group: str
+    reason: str
+    trace: tuple[str, ...] = field(default=())
