@@ -1,0 +1,99 @@
+"""Issue #2 points 2 and 4 through the official OpenAI SDK, real Envoy and the real sidecar."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+from tests.e2e.conftest import PROVIDER_KEYS, TOKEN_A, TOKEN_B, Stack
+from tests.support import ProviderThread
+
+pytestmark = pytest.mark.e2e
+
+SPEC_TARGETS = {"baseten": "gpt-oss-120b", "minimax": "m3", "openai": "gpt-5.4-nano"}
+
+
+def client(stack: Stack, token: str = TOKEN_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=token, max_retries=0)
+
+
+def _served_by(providers: ProviderThread, names) -> list[tuple[str, object]]:
+    return [(name, request) for name in names for request in providers.provider(name).received]
+
+
+def assert_clean_upstream(request, provider: str, model_ref: str) -> None:
+    """What the upstream got: the target's model, the provider key, nothing of the caller."""
+    assert request.json()["model"] == model_ref
+    assert request.headers["authorization"] == f"Bearer {PROVIDER_KEYS[provider]}"
+    assert "x-route-cluster" not in request.headers
+    raw = repr(request.headers) + request.body.decode()
+    for token in (TOKEN_A, TOKEN_B):
+        assert token not in raw
+
+
+def test_models_list_shows_exactly_the_callers_groups(stack: Stack) -> None:
+    ids = [model.id for model in client(stack).models.list()]
+    assert ids == ["adaptive-agent", "weighted-trio", "claude-agent", "drip-group"]
+    assert [m.id for m in client(stack, TOKEN_B).models.list()] == ["private-group"]
+
+
+def test_models_list_does_not_touch_providers(stack: Stack, providers: ProviderThread) -> None:
+    client(stack).models.list()
+    assert all(not p.received for p in providers.server.providers.values())
+
+
+def test_chat_completion_reaches_a_spec_target_with_its_model_ref(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    reply = client(stack).chat.completions.create(
+        model="adaptive-agent", messages=[{"role": "user", "content": "Say hello"}]
+    )
+    served = _served_by(providers, SPEC_TARGETS)
+    assert len(served) == 1
+    provider, request = served[0]
+    assert_clean_upstream(request, provider, SPEC_TARGETS[provider])
+    assert request.path == f"/{provider}/v1/chat/completions"
+    assert request.json()["messages"] == [{"role": "user", "content": "Say hello"}]
+    assert reply.model == SPEC_TARGETS[provider]
+    assert reply.choices[0].message.content.startswith(f"Hello from {provider}")
+
+
+def test_chat_completion_streams_incrementally(stack: Stack, providers: ProviderThread) -> None:
+    started = time.monotonic()
+    stream = client(stack).chat.completions.create(
+        model="drip-group",
+        messages=[{"role": "user", "content": "Stream please"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    arrivals: list[float] = []
+    text = ""
+    usage = None
+    for chunk in stream:
+        arrivals.append(time.monotonic() - started)
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == "Hello from drip serving drip-model. This is a demo completion."
+    assert usage is not None and usage.completion_tokens == 10
+    # The provider waits 0.25 s between events: 13 events span ~3 s. Delivered all at once,
+    # the first and last would arrive together.
+    assert arrivals[-1] - arrivals[0] > 2.0
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    assert sum(gap > 0.15 for gap in gaps) >= 8
+    (request,) = providers.provider("drip").received
+    assert_clean_upstream(request, "drip", "drip-model")
+    assert request.json()["stream"] is True
+
+
+def test_caller_cannot_pick_the_cluster(stack: Stack, providers: ProviderThread) -> None:
+    """A caller-sent routing header is dropped; the sidecar's choice stands."""
+    client(stack).chat.completions.create(
+        model="weighted-trio",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-route-cluster": "target__private-group__0__p5"},
+    )
+    assert not any(r.json()["model"] == "private-model" for r in providers.provider("p5").received)

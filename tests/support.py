@@ -1,0 +1,139 @@
+"""Test helpers shared by unit and end-to-end tests: free ports, a provider server running
+in a background thread, and a `sidecar up` child process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+
+from sidecar.devstack.providers import FakeProvider, ProviderServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ProviderThread:
+    """A ProviderServer on its own event loop in a daemon thread."""
+
+    def __init__(self, providers: list[FakeProvider]) -> None:
+        self.server = ProviderServer(providers)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ProviderThread:
+        self._thread.start()
+        self._run(self.server.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._run(self.server.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _run(self, coroutine) -> object:
+        future: Future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(10)
+
+    def base_url(self, name: str) -> str:
+        return self.server.base_url(name)
+
+    def provider(self, name: str) -> FakeProvider:
+        return self.server.providers[name]
+
+    def clear(self) -> None:
+        for provider in self.server.providers.values():
+            provider.received.clear()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class UpProcess:
+    """`python -m sidecar up ...` as a child process; parses its banner."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str] | None = None,
+                 log_path: Path | None = None) -> None:
+        self.listen_port = free_port()
+        self.admin_port = free_port()
+        self.ext_proc_port = free_port()
+        self.args = [
+            sys.executable, "-m", "sidecar", "up",
+            "--listen", f"127.0.0.1:{self.listen_port}",
+            "--admin", f"127.0.0.1:{self.admin_port}",
+            "--ext-proc", f"127.0.0.1:{self.ext_proc_port}",
+            *args,
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
+        self.banner: list[str] = []
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    def start(self, timeout: float = 60) -> UpProcess:
+        stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env, cwd=REPO
+        )
+        deadline = time.monotonic() + timeout
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"sidecar up exited early ({self.process.poll()}); see {self.log_path}")
+            self.banner.append(line.rstrip("\n"))
+            if line.startswith("Press Ctrl-C"):
+                return self
+        raise RuntimeError("sidecar up did not print its banner in time")
+
+    def banner_value(self, pattern: str) -> str:
+        for line in self.banner:
+            match = re.search(pattern, line)
+            if match:
+                return match.group(1)
+        raise AssertionError(f"{pattern!r} not in banner:\n" + "\n".join(self.banner))
+
+    @property
+    def envoy_pid(self) -> int:
+        return int(self.banner_value(r"envoy pid (\d+)"))
+
+    def interrupt(self, timeout: float = 20) -> int:
+        """Send Ctrl-C (SIGINT) and wait for a clean exit."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout)
+        assert self.process.stdout is not None
+        self.banner.extend(self.process.stdout.read().splitlines())
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
