@@ -107,7 +107,8 @@ class UpProcess:
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
-                raise RuntimeError(f"sidecar up exited early ({self.process.poll()}); see {self.log_path}")
+                code = self.process.poll()
+                raise RuntimeError(f"sidecar up exited early ({code}); see {self.log_path}")
             self.banner.append(line.rstrip("\n"))
             if line.startswith("Press Ctrl-C"):
                 return self

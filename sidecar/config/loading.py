@@ -45,7 +45,8 @@ def load_config_file(path: str | Path) -> SidecarConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError([ConfigProblem("", f"cannot read {path}: {exc.strerror}")], str(path))
+        problem = ConfigProblem("", f"cannot read {path}: {exc.strerror}")
+        raise ConfigError([problem], str(path)) from None
     return load_config_text(text, source=str(path))
 
 
@@ -61,7 +62,8 @@ def load_config_text(text: str, source: str = "configuration") -> SidecarConfig:
 
 def load_config_data(data: Any, source: str = "configuration") -> SidecarConfig:
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem("", "must be a YAML mapping with a 'models:' key")], source)
+        problem = ConfigProblem("", "must be a YAML mapping with a 'models:' key")
+        raise ConfigError([problem], source)
     try:
         config = SidecarConfig.model_validate(data)
     except ValidationError as exc:

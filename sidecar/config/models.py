@@ -49,6 +49,11 @@ def _check_base_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
 class Credential(StrictModel):
     """Where the provider key comes from and which header carries it upstream.
 
@@ -84,6 +89,18 @@ class Provider(StrictModel):
     @classmethod
     def _check_urls(cls, value: dict[Dialect, str]) -> dict[Dialect, str]:
         return {dialect: _check_base_url(url) for dialect, url in value.items()}
+
+    @model_validator(mode="after")
+    def _same_origin(self) -> Provider:
+        """One Envoy cluster serves every dialect of a target, so only paths may differ."""
+        origin = _origin(self.base_url)
+        for dialect, url in self.dialect_base_urls.items():
+            if _origin(url) != origin:
+                raise ValueError(
+                    f"dialect_base_urls.{dialect} must share the scheme, host and port of "
+                    "base_url (only the path may differ)"
+                )
+        return self
 
     def base_url_for(self, dialect: Dialect) -> str:
         return self.dialect_base_urls.get(dialect, self.base_url)
@@ -181,7 +198,8 @@ class SidecarConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _merge_catalog(cls, data: Any) -> Any:
-        """Layer `providers:` entries over the built-in catalog, key by key."""
+        """Layer `providers:` entries over the built-in catalog, key by key. A new `base_url`
+        also drops the catalog's `dialect_base_urls`, which belong to the catalog's host."""
         if not isinstance(data, dict):
             return data
         declared = data.get("providers") or {}
@@ -190,7 +208,10 @@ class SidecarConfig(StrictModel):
         merged: dict[str, Any] = {name: dict(entry) for name, entry in BUILTIN_PROVIDERS.items()}
         for name, entry in declared.items():
             if isinstance(entry, dict) and name in merged:
-                merged[name] = {**merged[name], **entry}
+                base = merged[name]
+                if "base_url" in entry:
+                    base.pop("dialect_base_urls", None)
+                merged[name] = {**base, **entry}
             else:
                 merged[name] = entry
         return {**data, "providers": merged}
@@ -247,6 +268,6 @@ class SidecarConfig(StrictModel):
             seen.setdefault(caller.name, index)
         return errors
 
-    def target_dialect(self, target: Target) -> Dialect:
-        """The dialect the sidecar speaks to `target`: its `api`, else the provider's first."""
-        return target.api or self.providers[target.provider].dialects[0]
+    def target_dialects(self, target: Target) -> list[Dialect]:
+        """Dialects `target` serves natively: its `api` if pinned, else all its provider's."""
+        return [target.api] if target.api else list(self.providers[target.provider].dialects)

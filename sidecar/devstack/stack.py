@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -53,7 +54,7 @@ def start_envoy(config_file: Path, log_level: str) -> subprocess.Popen[bytes]:
         "--log-level", log_level,
     ]
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec)  # noqa: PLW1509
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec)
 
 
 async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -65,7 +66,8 @@ async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout
             raise RuntimeError(f"Envoy exited with code {process.returncode} during start-up")
         with contextlib.suppress(OSError):
             reader, writer = await asyncio.open_connection(host, port)
-            writer.write(f"GET /ready HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
+            request = f"GET /ready HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+            writer.write(request.encode())
             status = await reader.readline()
             writer.close()
             if b" 200 " in status:
@@ -129,7 +131,7 @@ async def run_stack(options: StackOptions) -> int:
     providers = None
     if options.config_path is None:
         os.environ.setdefault(demo.DEMO_TOKEN_ENV, options.demo_token)
-        options = StackOptions(**{**options.__dict__, "demo_token": os.environ[demo.DEMO_TOKEN_ENV]})
+        options = dataclasses.replace(options, demo_token=os.environ[demo.DEMO_TOKEN_ENV])
         key = os.environ.setdefault(demo.DEMO_PROVIDER_KEY_ENV, demo.new_provider_key())
         providers = demo.demo_provider_server("127.0.0.1", options.demo_port, key)
         await providers.start()

@@ -23,12 +23,14 @@ from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, Bootstr
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
 from envoy_data_plane.envoy.config.core.v3 import (
     Address,
+    DataSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
     Http1ProtocolOptions,
     Http2ProtocolOptions,
     SocketAddress,
     TransportSocket,
 )
-from envoy_data_plane.envoy.config.core.v3 import DataSource, GrpcService, GrpcServiceEnvoyGrpc
 from envoy_data_plane.envoy.config.endpoint.v3 import (
     ClusterLoadAssignment,
     Endpoint,
@@ -110,7 +112,7 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
             clusters.append(
                 _target_cluster(
                     target_cluster_name(group_name, index, target.provider),
-                    provider.base_url_for(config.target_dialect(target)),
+                    provider.base_url,
                     provider.connect_timeout_seconds,
                     addresses.ca_bundle,
                 )

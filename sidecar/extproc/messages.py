@@ -7,7 +7,7 @@ body mutation needs a matching `content-length`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
@@ -45,8 +45,8 @@ def continue_headers() -> ext.ProcessingResponse:
     )
 
 
-def immediate(reply: Reply, extra_headers: Mapping[str, str] | None = None) -> ext.ProcessingResponse:
-    headers = {"content-type": reply.content_type, **(extra_headers or {})}
+def immediate(reply: Reply) -> ext.ProcessingResponse:
+    headers = {"content-type": reply.content_type}
     return ext.ProcessingResponse(
         immediate_response=ext.ImmediateResponse(
             status=HttpStatus(code=reply.status),  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ class ExternalProcessor(ext_grpc.ExternalProcessorServicer):
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
 
-    async def Process(  # noqa: N802 (gRPC method name)
+    async def Process(
         self,
         request_iterator: AsyncIterator[ext.ProcessingRequest],
         context: grpc.aio.ServicerContext,

@@ -70,8 +70,8 @@ class Gateway:
             return self._models(caller, path, anthropic)
         if dialect is None:
             served = ", ".join(sorted([*CALLER_PATHS, _MODELS_PATH]))
-            return _error(ClientError(404, f"Unknown endpoint {path}; this gateway serves {served}"),
-                          anthropic)
+            unknown = ClientError(404, f"Unknown endpoint {path}; this gateway serves {served}")
+            return _error(unknown, anthropic)
         if method != "POST":
             return _error(ClientError(405, f"{method} is not allowed on {path}; use POST"),
                           anthropic)
@@ -108,7 +108,7 @@ class Gateway:
             log.info("no eligible target group=%s trace=%s", model, ";".join(decision.trace))
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
-        route = self._runtime.routes[(model, decision.primary.index)]
+        route = self._runtime.routes[(model, decision.primary.index, pending.dialect)]
         payload["model"] = decision.primary.target.model_ref
         new_body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
         set_headers = [

@@ -68,20 +68,22 @@ class Runtime:
                 problems.append(f"providers.{name}.credential: {exc}")
         if problems:
             raise StartupError(problems)
-        self.routes: dict[tuple[str, int], TargetRoute] = {}
+        # Keyed by (group, target index, dialect): the path and credential header depend on
+        # the dialect the caller speaks; the cluster does not (providers are single-origin).
+        self.routes: dict[tuple[str, int, Dialect], TargetRoute] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
-                dialect = config.target_dialect(target)
-                base_path = urlsplit(provider.base_url_for(dialect)).path.rstrip("/")
-                header = None
-                if provider.credential is not None:
-                    header = credential_header(provider.credential, dialect, keys[target.provider])
-                self.routes[(group_name, index)] = TargetRoute(
-                    cluster=target_cluster_name(group_name, index, target.provider),
-                    path=base_path + dialect.endpoint,
-                    credential=header,
-                )
+                cluster = target_cluster_name(group_name, index, target.provider)
+                for dialect in config.target_dialects(target):
+                    base_path = urlsplit(provider.base_url_for(dialect)).path.rstrip("/")
+                    header = None
+                    if provider.credential is not None:
+                        key = keys[target.provider]
+                        header = credential_header(provider.credential, dialect, key)
+                    self.routes[(group_name, index, dialect)] = TargetRoute(
+                        cluster=cluster, path=base_path + dialect.endpoint, credential=header
+                    )
 
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

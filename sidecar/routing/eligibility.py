@@ -22,21 +22,21 @@ class Exclusion:
         return f"excluded {self.choice.label} by {self.rule}"
 
 
-def api_skin_preserved(request: RequestSummary, dialect: Dialect) -> bool:
+def api_skin_preserved(request: RequestSummary, dialects: Sequence[Dialect]) -> bool:
     """The caller's API dialect must reach the upstream unchanged (no bridges yet)."""
-    return dialect is request.dialect
+    return request.dialect in dialects
 
 
 def split_eligible(
     request: RequestSummary,
     targets: Sequence[Target],
-    dialect_of: Callable[[Target], Dialect],
+    dialects_of: Callable[[Target], Sequence[Dialect]],
 ) -> tuple[list[TargetChoice], list[Exclusion]]:
     eligible: list[TargetChoice] = []
     excluded: list[Exclusion] = []
     for index, target in enumerate(targets):
         choice = TargetChoice(index, target)
-        if not api_skin_preserved(request, dialect_of(target)):
+        if not api_skin_preserved(request, dialects_of(target)):
             excluded.append(Exclusion(choice, "api_skin"))
         else:
             eligible.append(choice)

@@ -23,7 +23,7 @@ class Router:
 
     def decide(self, request: RequestSummary) -> Decision | NoEligibleTarget:
         group = self._config.models[request.group]
-        eligible, excluded = split_eligible(request, group.targets, self._config.target_dialect)
+        eligible, excluded = split_eligible(request, group.targets, self._config.target_dialects)
         trace = [f"strategy={group.strategy}", f"candidates={len(group.targets)}"]
         trace += [exclusion.describe() for exclusion in excluded]
         if not eligible:

@@ -1,0 +1,159 @@
+"""Configuration: the SPEC sample loads verbatim, and invalid configs say what and where."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ConfigError, load_config_file, load_config_text
+from sidecar.config.policy import Complexity
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+REPO = Path(__file__).parent.parent.parent
+SPEC_MD = REPO.parent / "shared" / "SPEC.md"
+
+
+def test_spec_sample_loads_verbatim() -> None:
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    group = config.models["adaptive-agent"]
+    assert group.strategy == "dynamic_score"
+    assert [(t.provider, t.model_ref, t.weight) for t in group.targets] == [
+        ("baseten", "gpt-oss-120b", 60), ("minimax", "m3", 25), ("openai", "gpt-5.4-nano", 5)]
+    policy = group.dynamic_score
+    assert policy.min_observations == 20
+    assert policy.max_score_adjustment_percent == 70
+    assert policy.affinity.enabled is True and policy.affinity.ttl_seconds == 600
+    assert policy.affinity.max_entries == 10_000
+    assert policy.signals.prompt_features.max_scan_bytes == 16384
+    assert policy.score_terms[0].when.complexity_lte is Complexity.STANDARD
+    assert policy.score_terms[1].require_tags == ["validated"]
+    assert policy.thresholds.max_p95_latency_ms == 10000
+    # The catalog supplies the providers the sample names without declaring them.
+    assert config.providers["baseten"].base_url == "https://inference.baseten.co/v1"
+    assert config.providers["minimax"].credential.env == "MINIMAX_API_KEY"
+
+
+@pytest.mark.skipif(not SPEC_MD.exists(), reason="shared/SPEC.md not beside the repository")
+def test_fixture_is_the_sample_in_spec_md() -> None:
+    sample = re.search(r"```yaml\n(.*?)```", SPEC_MD.read_text(), re.S).group(1)
+    assert sample == (FIXTURES / "spec_sample.yaml").read_text()
+
+
+def test_config_example_contains_the_spec_group_verbatim() -> None:
+    sample = (FIXTURES / "spec_sample.yaml").read_text()
+    example = (REPO / "config.example.yaml").read_text()
+    assert sample[len("models:\n"):] in example
+    load_config_file(REPO / "config.example.yaml")
+
+
+def test_policy_defaults_apply_when_the_block_is_absent() -> None:
+    config = load_config_text("models: {g: {strategy: dynamic_score, targets: "
+                              "[{provider: openai, model_ref: m}]}}")
+    policy = config.models["g"].dynamic_score
+    assert policy.affinity.enabled and policy.affinity.ttl_seconds == 600
+    assert policy.hard_filters.require_reasoning_support_when_requested is False
+
+
+def test_provider_entry_overrides_catalog_keys_and_keeps_the_rest() -> None:
+    config = load_config_text(textwrap.dedent("""
+        providers:
+          minimax: {base_url: "http://127.0.0.1:9/v1"}
+        models: {g: {targets: [{provider: minimax, model_ref: m, api: anthropic_messages}]}}
+    """))
+    minimax = config.providers["minimax"]
+    assert minimax.base_url == "http://127.0.0.1:9/v1"
+    assert minimax.credential.env == "MINIMAX_API_KEY"
+    assert "anthropic_messages" in minimax.dialects
+    # The catalog's per-dialect URLs belonged to the catalog's host, so they are dropped.
+    assert minimax.dialect_base_urls == {}
+
+
+GOOD_TARGET = "{provider: openai, model_ref: m}"
+
+INVALID = [
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{max_score_adjustment_percent: 150}}}}" % GOOD_TARGET,
+     "models.g.routing_policy.dynamic_score.max_score_adjustment_percent: "
+     "must be between 0 and 100"),
+    ("models: {g: {targets: [{provider: openai, model_ref: m, weight: -1}]}}",
+     "models.g.targets[0].weight: must be at least 0"),
+    ("models: {g: {targets: [{provider: nobody, model_ref: m}]}}",
+     "models.g.targets[0].provider: unknown provider 'nobody'"),
+    ("models: {g: {targets: [{provider: openai, model_ref: m, tagz: [a]}]}}",
+     "models.g.targets[0].tagz: unknown key; did you mean 'tags'?"),
+    ("models: {g: {strategy: round_robin, targets: [%s]}}" % GOOD_TARGET,
+     "models.g.strategy: must be 'weighted', 'failover' or 'dynamic_score'"),
+    ("models: {g: {targets: []}}", "models.g.targets: "),
+    ("models: {g: {targets: [{provider: openai}]}}", "models.g.targets[0].model_ref: is required"),
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{score_terms: [{name: t, expression: '0.5 * speed_score'}]}}}}" % GOOD_TARGET,
+     "models.g.routing_policy.dynamic_score.score_terms[0].expression: unknown score "
+     "'speed_score'"),
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{score_terms: [{name: t, expression: '__import__(\"os\")'}]}}}}" % GOOD_TARGET,
+     "score_terms[0].expression: may only use numbers, score names"),
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{thresholds: {max_error_rate: 3}}}}}" % GOOD_TARGET,
+     "models.g.routing_policy.dynamic_score.thresholds.max_error_rate: "
+     "must be between 0 and 1"),
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{affinity: {ttl_seconds: 0}}}}}" % GOOD_TARGET,
+     "models.g.routing_policy.dynamic_score.affinity.ttl_seconds: must be greater than 0"),
+    ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
+     "{score_terms: [{name: t, when: {complexity_gte: huge}, expression: '1'}]}}}}"
+     % GOOD_TARGET,
+     "score_terms[0].when.complexity_gte: must be 'simple', 'standard' or 'complex'"),
+    ("models: {g: {targets: [%s]}}\ncallers: [{name: a, models: [g]}]" % GOOD_TARGET,
+     "callers[0]: set exactly one of 'token_sha256', 'token_env' or 'token_file'"),
+    ("models: {g: {targets: [%s]}}\ncallers: [{name: a, token_sha256: abc}]" % GOOD_TARGET,
+     "callers[0].token_sha256: must be 64 hexadecimal characters"),
+    ("models: {g: {targets: [%s]}}\ncallers: [{name: a, token_env: T, models: [h]}]"
+     % GOOD_TARGET,
+     "callers[0].models: unknown model group 'h'"),
+    ("providers: {local: {base_url: 'ftp://x'}}\nmodels: {g: {targets: [%s]}}" % GOOD_TARGET,
+     "providers.local.base_url: must be an http:// or https:// URL with a host"),
+    ("providers: {local: {base_url: 'http://x', credential: {env: A, file: /b}}}\n"
+     "models: {g: {targets: [%s]}}" % GOOD_TARGET,
+     "providers.local.credential: set exactly one of 'env' or 'file'"),
+    ("models: {g: {targets: [{provider: baseten, model_ref: m, api: anthropic_messages}]}}",
+     "models.g.targets[0].api: provider 'baseten' does not speak 'anthropic_messages'"),
+    ("models: {g: {targets: [{provider: openai, model_ref: m, weight: 0}]}}",
+     "models.g.targets: at least one target needs a weight above 0"),
+    ("providers: {p: {base_url: 'https://a.example/v1', dialects: [openai_chat, "
+     "anthropic_messages], dialect_base_urls: {anthropic_messages: 'https://b.example/v1'}}}\n"
+     "models: {g: {targets: [%s]}}" % GOOD_TARGET,
+     "providers.p: dialect_base_urls.anthropic_messages must share the scheme, host and port"),
+    ("models: {'bad group': {targets: [%s]}}" % GOOD_TARGET,
+     "models: group name 'bad group' must start with a letter or digit"),
+    ("models: [1, 2]", "models: must be a valid dictionary"),
+    ("routes: {}", "models: is required"),
+    ("models: {g: {targets: [%s]}}\nroutes: {}" % GOOD_TARGET,
+     "routes: unknown key (allowed: callers, limits, models, providers)"),
+    ("models: {g: [", "not valid YAML at line"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID)
+def test_invalid_config_reports_path_and_message(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text)
+    rendered = [str(problem) for problem in caught.value.problems]
+    assert any(expected in line for line in rendered), rendered
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text("models: {g: {strategy: x, targets: [{provider: openai, weight: -2}]}}")
+    paths = sorted(problem.path for problem in caught.value.problems)
+    assert paths == ["models.g.strategy", "models.g.targets[0].model_ref",
+                     "models.g.targets[0].weight"]
+
+
+def test_string_values_are_never_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text("models: {g: {targets: [%s]}}\ncallers: [{name: a, "
+                         "token_sha256: sk-live-secret-value}]" % GOOD_TARGET)
+    assert "sk-live-secret-value" not in str(caught.value)

