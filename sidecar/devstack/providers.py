@@ -67,6 +67,7 @@ class ProviderServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self._ids = itertools.count(1)
+        self._open: set[asyncio.StreamWriter] = set()
 
     def base_url(self, name: str, host: str | None = None) -> str:
         return f"http://{host or self.host}:{self.port}/{name}/v1"
@@ -78,10 +79,13 @@ class ProviderServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._open):
+                writer.transport.abort()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._open.add(writer)
         try:
             while True:
                 request = await _read_request(reader)
@@ -93,6 +97,7 @@ class ProviderServer:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, asyncio.CancelledError):
             pass
         finally:
+            self._open.discard(writer)
             writer.close()
 
     async def _serve(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.devstack.harness import ProviderThread, UpProcess
 from sidecar.devstack.providers import Behaviour, FakeProvider
-from tests.support import ProviderThread, UpProcess
 
 TOKEN_A = "caller-token-alpha-7f3a"
 TOKEN_B = "caller-token-bravo-19c2"

@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
+from sidecar.devstack.harness import ProviderThread
 from tests.e2e.conftest import TOKEN_A, TOKEN_B, Stack
-from tests.support import ProviderThread
 
 pytestmark = pytest.mark.e2e
 

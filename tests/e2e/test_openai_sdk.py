@@ -8,8 +8,8 @@ import time
 import openai
 import pytest
 
+from sidecar.devstack.harness import ProviderThread
 from tests.e2e.conftest import PROVIDER_KEYS, TOKEN_A, TOKEN_B, Stack
-from tests.support import ProviderThread
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support import UpProcess, free_port, pid_alive
+from sidecar.devstack.harness import UpProcess, free_port, pid_alive
 
 pytestmark = pytest.mark.e2e
 

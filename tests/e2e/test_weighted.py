@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from sidecar.devstack.harness import ProviderThread
 from tests.e2e.conftest import TOKEN_A, Stack
-from tests.support import ProviderThread
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
-"""Test helpers shared by unit and end-to-end tests: free ports, a provider server running
-in a background thread, and a `sidecar up` child process."""
+"""Harness for end-to-end tests and benchmarks: free loopback ports, a provider server on a
+background thread, and `sidecar up` as a child process whose banner is parsed."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from sidecar.devstack.providers import FakeProvider, ProviderServer
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -100,7 +98,7 @@ class UpProcess:
     def start(self, timeout: float = 60) -> UpProcess:
         stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env, cwd=REPO
+            self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env
         )
         deadline = time.monotonic() + timeout
         assert self.process.stdout is not None

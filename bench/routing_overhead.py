@@ -1,0 +1,209 @@
+"""Benchmark: what the sidecar adds to a request, measured two ways.
+
+1. In-process CPU cost of the sidecar's per-request work (ext_proc adapter + gateway +
+   routing, real upb messages, no network) for a 1 KB and a 1 MB request body.
+2. End-to-end latency at concurrency 1 on loopback: a demo provider called directly, through
+   Envoy alone (a static route), and through Envoy + sidecar (`sidecar up --config`).
+   The difference between the last two is what routing costs a caller.
+
+Usage:  .venv/bin/python bench/routing_overhead.py [--requests 500] [--output FILE]
+Prints a Markdown table; with --output also writes it (bench/results/ is the usual place).
+Loopback only; every process it starts it also stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+from sidecar.config import load_config_text
+from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
+from sidecar.devstack.providers import FakeProvider
+from sidecar.devstack.stack import start_envoy
+from sidecar.extproc.processor import ExternalProcessor
+from sidecar.gateway import Gateway, Runtime
+
+TOKEN = "bench-token"
+DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
+
+
+def config_text(provider_url: str) -> str:
+    return f"""
+providers:
+  bench: {{base_url: "{provider_url}", credential: {{env: BENCH_KEY}}}}
+callers: [{{name: bench, token_sha256: {DIGEST}}}]
+models:
+  bench-group:
+    strategy: dynamic_score
+    targets:
+      - {{provider: bench, model_ref: m-a, weight: 3}}
+      - {{provider: bench, model_ref: m-b, weight: 1}}
+"""
+
+
+def chat_body(size: int) -> bytes:
+    filler = "x" * max(0, size - 120)
+    return json.dumps({"model": "bench-group",
+                       "messages": [{"role": "user", "content": filler}]}).encode()
+
+
+# --- 1. in-process -----------------------------------------------------------------------
+
+def in_process_cost(body: bytes, rounds: int) -> float:
+    """Microseconds of sidecar CPU per request (both ext_proc messages)."""
+    config = load_config_text(config_text("http://127.0.0.1:9/v1"))
+    processor = ExternalProcessor(Gateway(Runtime(config, {"BENCH_KEY": "k"})))
+    headers = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=HeaderMap(headers=[
+        HeaderValue(key=k, raw_value=v.encode()) for k, v in {
+            ":path": "/v1/chat/completions", ":method": "POST", ":authority": "bench",
+            "authorization": f"Bearer {TOKEN}", "content-type": "application/json",
+            "content-length": str(len(body)), "user-agent": "bench"}.items()])))
+    body_message = ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
+    wire = (headers.SerializeToString(), body_message.SerializeToString())
+
+    async def one() -> None:
+        async def incoming():
+            for raw in wire:  # parse from bytes, as grpc does
+                yield ext.ProcessingRequest.FromString(raw)
+        async for response in processor.Process(incoming(), None):
+            response.SerializeToString()
+
+    async def run() -> float:
+        for _ in range(min(rounds, 200)):
+            await one()
+        started = time.process_time()
+        for _ in range(rounds):
+            await one()
+        return (time.process_time() - started) / rounds * 1e6
+
+    return asyncio.run(run())
+
+
+# --- 2. end to end -----------------------------------------------------------------------
+
+async def timed_requests(port: int, path: str, body: bytes, count: int,
+                         token: str = TOKEN) -> list[float]:
+    """Sequential POSTs on one keep-alive connection; returns latencies in ms."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {token}\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        writer.write(head + body)
+        await writer.drain()
+        status = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        latencies.append((time.perf_counter() - started) * 1000)
+        assert b" 200 " in status, status
+    writer.close()
+    return latencies
+
+
+def envoy_only_config(listen: int, admin: int, provider_port: int) -> str:
+    return json.dumps({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [{"address": {"socket_address": {"address": "127.0.0.1",
+                                                          "port_value": listen}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                 "http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "direct",
+                        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"},
+                                        "route": {"cluster": "provider"}}]}]},
+                        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http."
+                                     "router.v3.Router"}}]}}]}]}],
+            "clusters": [{"name": "provider", "type": "STATIC", "connect_timeout": "1s",
+                "load_assignment": {"cluster_name": "provider", "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {
+                        "address": "127.0.0.1", "port_value": provider_port}}}}]}]}}]}})
+
+
+def summarize(latencies: list[float]) -> tuple[float, float]:
+    ordered = sorted(latencies)
+    return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
+
+
+def end_to_end(count: int, body: bytes) -> dict[str, tuple[float, float]]:
+    results: dict[str, tuple[float, float]] = {}
+    with ProviderThread([FakeProvider("bench", api_key="k")]) as providers, \
+            tempfile.TemporaryDirectory() as workdir:
+        port = providers.server.port
+        path = "/bench/v1/chat/completions"
+        direct_body = body.replace(b'"bench-group"', b'"m-a"')
+        results["provider direct"] = summarize(asyncio.run(
+            timed_requests(port, path, direct_body, count, "k")))
+
+        envoy_file = Path(workdir) / "envoy.json"
+        listen, admin = free_port(), free_port()
+        envoy_file.write_text(envoy_only_config(listen, admin, port))
+        envoy = start_envoy(envoy_file, "error")
+        try:
+            time.sleep(1.5)
+            results["Envoy direct"] = summarize(asyncio.run(
+                timed_requests(listen, path, direct_body, count, "k")))
+        finally:
+            envoy.terminate()
+            envoy.wait(10)
+
+        config = Path(workdir) / "config.yaml"
+        config.write_text(config_text(providers.base_url("bench")))
+        up = UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"})
+        try:
+            up.start()
+            results["Envoy + sidecar (dynamic_score)"] = summarize(asyncio.run(
+                timed_requests(up.listen_port, "/v1/chat/completions", body, count)))
+        finally:
+            up.interrupt()
+            up.kill()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+
+    lines = ["## Sidecar CPU per routed request (in-process, upb messages)", "",
+             "| body | µs per request |", "| --- | --- |"]
+    for label, size, rounds in [("1 KB", 1024, 3000), ("1 MB", 1024 * 1024, 100)]:
+        lines.append(f"| {label} | {in_process_cost(chat_body(size), rounds):.0f} |")
+    results = end_to_end(args.requests, chat_body(1024))
+    lines += ["", f"## Latency at concurrency 1, 1 KB body, {args.requests} requests", "",
+              "| path | p50 ms | p99 ms |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {p50:.2f} | {p99:.2f} |" for name, (p50, p99) in results.items()]
+    base = results["Envoy direct"]
+    routed = results["Envoy + sidecar (dynamic_score)"]
+    lines += ["", f"Added by the sidecar over Envoy direct: p50 {routed[0] - base[0]:+.2f} ms, "
+              f"p99 {routed[1] - base[1]:+.2f} ms."]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
