@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sidecar import __version__
 from sidecar.config import ConfigError, load_config_file
-from sidecar.envoy_config.render import DEFAULT_CA_BUNDLE, EnvoyAddresses, render_envoy_yaml
+from sidecar.envoy_config.addresses import DEFAULT_CA_BUNDLE, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
@@ -144,6 +144,8 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _render_envoy(args: argparse.Namespace) -> int:
+    from sidecar.envoy_config.render import render_envoy_yaml
+
     config = load_config_file(args.config)
     addresses = EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
                                ca_bundle=args.ca_bundle)
@@ -159,7 +161,6 @@ def _demo_providers(args: argparse.Namespace) -> int:
     import os
 
     from sidecar.devstack.demo import demo_provider_server
-    from sidecar.envoy_config.render import split_host_port
 
     host, port = split_host_port(args.listen)
     key = os.environ.get(args.api_key_env) or None

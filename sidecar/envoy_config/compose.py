@@ -11,7 +11,8 @@ from pathlib import Path
 
 from sidecar.config import load_config_text
 from sidecar.devstack.demo import demo_config_text
-from sidecar.envoy_config.render import EnvoyAddresses, render_envoy_yaml
+from sidecar.envoy_config.addresses import EnvoyAddresses
+from sidecar.envoy_config.render import render_envoy_yaml
 
 COMPOSE_PROVIDERS_URL = "http://demo-providers:18080"
 COMPOSE_ADDRESSES = EnvoyAddresses(listen="0.0.0.0:10000", admin="0.0.0.0:9901",

@@ -13,7 +13,6 @@ one cluster per target plus one for the sidecar.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -69,30 +68,12 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any
 
-from sidecar.config.clusters import EXT_PROC_CLUSTER, ROUTE_HEADER, target_cluster_name
 from sidecar.config.models import SidecarConfig
+from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.local_replies import local_reply_config
+from sidecar.envoy_contract import EXT_PROC_CLUSTER, ROUTE_HEADER, target_cluster_name
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-
-
-@dataclass(frozen=True)
-class EnvoyAddresses:
-    """Where Envoy listens and where it finds the sidecar (host:port strings)."""
-
-    listen: str = "127.0.0.1:10000"
-    admin: str = "127.0.0.1:9901"
-    ext_proc: str = "127.0.0.1:50051"
-    ca_bundle: str = DEFAULT_CA_BUNDLE
-
-
-def split_host_port(address: str, default_port: int | None = None) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        if default_port is None:
-            raise ValueError(f"address '{address}' needs a port (host:port)")
-        return address, default_port
-    return host.strip("[]"), int(port)
 
 
 def render_envoy_yaml(config: SidecarConfig, addresses: EnvoyAddresses) -> str:
@@ -168,6 +149,7 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
     manager = HttpConnectionManager(
         stat_prefix="model_groups",
         codec_type=HttpConnectionManagerCodecType.AUTO,
+        local_reply_config=local_reply_config(),
         route_config=RouteConfiguration(
             name="model_groups",
             virtual_hosts=[VirtualHost(name="model_groups", domains=["*"], routes=[route])],

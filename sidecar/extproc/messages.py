@@ -13,7 +13,7 @@ from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3.http_status_pb2 import HttpStatus
 
-from sidecar.config.clusters import ROUTE_HEADER
+from sidecar.envoy_contract import ROUTE_HEADER, SIDECAR_REPLY_DETAILS
 from sidecar.gateway.outcome import Forward, Reply
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -52,7 +52,7 @@ def immediate(reply: Reply) -> ext.ProcessingResponse:
             status=HttpStatus(code=reply.status),  # type: ignore[arg-type]
             headers=ext.HeaderMutation(set_headers=_set(headers.items())),
             body=reply.body,
-            details="sidecar_reply",
+            details=SIDECAR_REPLY_DETAILS,
         )
     )
 

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.apis import CALLER_PATHS, Dialect
-from sidecar.config.clusters import ROUTE_HEADER
 from sidecar.config.models import Caller
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
+from sidecar.envoy_contract import ROUTE_HEADER
 from sidecar.gateway.outcome import Forward, Reply
 from sidecar.gateway.runtime import Runtime
 from sidecar.routing.decision import NoEligibleTarget

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.config.clusters import target_cluster_name
 from sidecar.config.models import Caller, Credential, SidecarConfig
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
+from sidecar.envoy_contract import target_cluster_name
 from sidecar.routing.router import Router
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
 TOKEN_A = "caller-token-alpha-7f3a"
@@ -39,7 +39,7 @@ class Stack:
         return self.up.base_url
 
 
-def _config(providers: ProviderThread, anthropic_key_file: Path) -> str:
+def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: int) -> str:
     def provider(name: str, extra: str = "") -> str:
         return (f"  {name}:\n    base_url: {providers.base_url(name)}\n"
                 f"    credential: {{ env: TEST_KEY_{name.upper()} }}\n{extra}")
@@ -51,11 +51,13 @@ def _config(providers: ProviderThread, anthropic_key_file: Path) -> str:
         + f"  anthropic:\n    base_url: {providers.base_url('anthropic')}\n"
         f"    credential: {{ file: {anthropic_key_file} }}\n"
         + provider("p60") + provider("p25") + provider("p5") + provider("drip")
+        + f"  dead:\n    base_url: http://127.0.0.1:{closed_port}/v1\n"
+        "    dialects: [openai_chat, anthropic_messages]\n"
         + textwrap.dedent(f"""\
         callers:
           - name: team-a
             token_sha256: {hashlib.sha256(TOKEN_A.encode()).hexdigest()}
-            models: [adaptive-agent, weighted-trio, claude-agent, drip-group]
+            models: [adaptive-agent, weighted-trio, claude-agent, drip-group, dead-group]
           - name: team-b
             token_env: TEST_TOKEN_B
             models: [private-group]
@@ -79,6 +81,9 @@ def _config(providers: ProviderThread, anthropic_key_file: Path) -> str:
         private-group:
           targets:
             - {provider: p5, model_ref: private-model}
+        dead-group:
+          targets:
+            - {provider: dead, model_ref: unreachable}
         """), "  ")
     )
 
@@ -92,7 +97,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         key_file = workdir / "anthropic.key"
         key_file.write_text(PROVIDER_KEYS["anthropic"] + "\n")
         config_file = workdir / "config.yaml"
-        config_file.write_text(_config(providers, key_file))
+        config_file.write_text(_config(providers, key_file, free_port()))
         env = {f"TEST_KEY_{name.upper()}": key for name, key in PROVIDER_KEYS.items()
                if name != "anthropic"}
         env["TEST_TOKEN_B"] = TOKEN_B

