@@ -1,0 +1,99 @@
+"""The `sidecar` command line as a user runs it: check-config, serve (with gRPC health),
+render-envoy and demo-config."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.devstack.harness import free_port
+
+pytestmark = pytest.mark.e2e
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sidecar", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_check_config_accepts_the_spec_sample() -> None:
+    result = sidecar("check-config", str(FIXTURES / "spec_sample.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "OK (1 model groups, 0 callers)" in result.stdout
+
+
+def test_check_config_lists_every_problem_with_its_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((FIXTURES / "spec_sample.yaml").read_text()
+                   .replace("max_score_adjustment_percent: 70", "max_score_adjustment_percent: 150")
+                   .replace("weight: 25", "weight: -25"))
+    result = sidecar("check-config", str(bad))
+    assert result.returncode == 2
+    assert ("models.adaptive-agent.routing_policy.dynamic_score.max_score_adjustment_percent: "
+            "must be between 0 and 100 (got 150)") in result.stderr
+    assert "models.adaptive-agent.targets[1].weight: must be at least 0 (got -25)" in result.stderr
+    assert "2 problem(s)" in result.stderr
+
+
+def test_check_config_secrets_names_the_missing_variable(tmp_path: Path) -> None:
+    result = sidecar("check-config", "--secrets", str(FIXTURES / "spec_sample.yaml"),
+                     env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "m", "OPENAI_API_KEY": "o"})
+    assert result.returncode == 2
+    assert "providers.baseten.credential: environment variable BASETEN_API_KEY" in result.stderr
+
+
+def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    digest = hashlib.sha256(b"t").hexdigest()
+    config.write_text("providers: {p: {base_url: 'http://127.0.0.1:9/v1'}}\n"
+                      f"callers: [{{name: a, token_sha256: {digest}}}]\n"
+                      "models: {g: {targets: [{provider: p, model_ref: m}]}}\n")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config", str(config),
+                                "--listen", f"127.0.0.1:{port}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_refuses_to_start_without_provider_keys(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = sidecar("serve", "--config", str(FIXTURES / "spec_sample.yaml"),
+                     "--listen", f"127.0.0.1:{free_port()}",
+                     env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "", "OPENAI_API_KEY": ""})
+    assert result.returncode == 2
+    assert time.monotonic() - started < 30
+    for name in ("BASETEN_API_KEY", "MINIMAX_API_KEY", "OPENAI_API_KEY"):
+        assert f"environment variable {name} is not set" in result.stderr
+
+
+def test_render_envoy_and_demo_config_print_usable_files(tmp_path: Path) -> None:
+    demo = sidecar("demo-config", "--providers-url", "http://127.0.0.1:18080")
+    assert demo.returncode == 0 and "adaptive-agent:" in demo.stdout
+    config = tmp_path / "demo.yaml"
+    config.write_text(demo.stdout)
+    rendered = sidecar("render-envoy", "--config", str(config), "--listen", "127.0.0.1:10001")
+    assert rendered.returncode == 0, rendered.stderr
+    assert "port_value: 10001" in rendered.stdout
+    assert "target__adaptive-agent__0__baseten" in rendered.stdout
