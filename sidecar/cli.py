@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from sidecar import __version__
 from sidecar.config import ConfigError, load_config_file
 from sidecar.envoy_config.addresses import DEFAULT_CA_BUNDLE, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
+from sidecar.signals import until_stop_signal
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from sidecar.devstack.stack import StackOptions, run_stack
+    from sidecar.devstack.stack import EnvoyStartError, StackOptions, run_stack
 
     options = StackOptions(
         config_path=args.config,
@@ -104,7 +104,11 @@ def _up(args: argparse.Namespace) -> int:
         demo_token=args.demo_token,
         envoy_log_level=args.envoy_log_level,
     )
-    return asyncio.run(run_stack(options))
+    try:
+        return asyncio.run(run_stack(options))
+    except EnvoyStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -119,11 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s (%d model groups)", args.listen, len(config.models)
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await until_stop_signal()
         await server.stop(grace=2)
 
     asyncio.run(serve())
@@ -169,11 +169,7 @@ def _demo_providers(args: argparse.Namespace) -> int:
         server = demo_provider_server(host, port, key)
         await server.start()
         logging.getLogger("sidecar").info("demo providers on http://%s:%d", host, server.port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await until_stop_signal()
         await server.stop()
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -98,7 +98,8 @@ class UpProcess:
     def start(self, timeout: float = 60) -> UpProcess:
         stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env
+            self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=self.env,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         assert self.process.stdout is not None
@@ -124,9 +125,9 @@ class UpProcess:
         return int(self.banner_value(r"envoy pid (\d+)"))
 
     def interrupt(self, timeout: float = 20) -> int:
-        """Send Ctrl-C (SIGINT) and wait for a clean exit."""
+        """Ctrl-C as a terminal sends it (SIGINT to the whole process group); wait for exit."""
         assert self.process is not None
-        self.process.send_signal(signal.SIGINT)
+        os.killpg(self.process.pid, signal.SIGINT)
         code = self.process.wait(timeout)
         assert self.process.stdout is not None
         self.banner.extend(self.process.stdout.read().splitlines())

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -27,8 +28,14 @@ from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
 from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
+from sidecar.signals import until_stop_signal
 
 _PR_SET_PDEATHSIG = 1
+log = logging.getLogger("sidecar.up")
+
+
+class EnvoyStartError(RuntimeError):
+    """Envoy exited or never became ready while `sidecar up` was starting."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,9 @@ def start_envoy(config_file: Path, log_level: str) -> subprocess.Popen[bytes]:
         "--log-level", log_level,
     ]
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec)
+    # Its own session: a terminal's Ctrl-C reaches only us, and we stop Envoy in order.
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=preexec,
+                            start_new_session=True)
 
 
 async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -64,7 +73,9 @@ async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"Envoy exited with code {process.returncode} during start-up")
+            raise EnvoyStartError(
+                f"Envoy exited with code {process.returncode} during start-up "
+                "(is the listener or admin port in use?)")
         with contextlib.suppress(OSError):
             reader, writer = await asyncio.open_connection(host, port)
             request = f"GET /ready HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
@@ -74,7 +85,7 @@ async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout
             if b" 200 " in status:
                 return
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"Envoy was not ready within {timeout_s:.0f}s (admin {admin})")
+    raise EnvoyStartError(f"Envoy was not ready within {timeout_s:.0f}s (admin {admin})")
 
 
 def _stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -124,11 +135,9 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
 
 
 async def run_stack(options: StackOptions) -> int:
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-
+    stopped = asyncio.ensure_future(until_stop_signal())
+    await asyncio.sleep(0)  # let the signal handlers install before anything is started
     providers = None
     if options.config_path is None:
         os.environ.setdefault(demo.DEMO_TOKEN_ENV, options.demo_token)
@@ -145,15 +154,21 @@ async def run_stack(options: StackOptions) -> int:
     envoy_file.write_text(render_envoy_yaml(config, options.addresses))
     # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
     envoy = start_envoy(envoy_file, options.envoy_log_level)
+    log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
     server = None
     try:
         server = await start_server(Gateway(runtime), options.addresses.ext_proc)
-        await wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s)
+        ready = asyncio.ensure_future(
+            wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
+        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stopped.done():  # Ctrl-C while starting
+            ready.cancel()
+            return 0
+        ready.result()
         print(banner(config, options, envoy.pid, envoy_file), flush=True)
         envoy_exit = loop.run_in_executor(None, envoy.wait)
-        stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([envoy_exit, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if not stop.is_set():
+        if not stopped.done():
             print(f"Envoy exited with code {envoy.returncode}; stopping", file=sys.stderr)
             return 1
         return 0

@@ -11,23 +11,30 @@ from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Headroom over the body itself for headers and protobuf framing.
+_MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
 
 async def start_server(gateway: Gateway, address: str) -> grpc.aio.Server:
-    """Start serving on `address` (host:port); raise OSError if the port cannot be bound."""
+    """Start serving on `address` (host:port); raise OSError if the port cannot be bound.
+
+    gRPC's 4 MiB default message limit would reject large buffered bodies, so the limit
+    follows `limits.max_request_body_bytes` (Envoy enforces that bound before we see it)."""
+    max_message = gateway.max_body_bytes + _MESSAGE_OVERHEAD_BYTES
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_message),
+            ("grpc.max_send_message_length", max_message),
             ("grpc.so_reuseport", 0),
         ]
     )
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(gateway), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address}")
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError:
+        raise OSError(f"cannot listen on {address} (port in use or address invalid)") from None
     await server.start()
     for service in ("", EXT_PROC_SERVICE):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)

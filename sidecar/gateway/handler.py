@@ -50,6 +50,10 @@ class Gateway:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
+    @property
+    def max_body_bytes(self) -> int:
+        return self._runtime.config.limits.max_request_body_bytes
+
     def on_headers(self, headers: Mapping[str, str], end_of_stream: bool) -> Reply | Pending:
         path = headers.get(":path", "/").split("?", 1)[0]
         method = headers.get(":method", "GET")

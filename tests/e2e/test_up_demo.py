@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import socket
 import subprocess
 import time
 
@@ -72,3 +73,20 @@ def test_killed_parent_takes_envoy_down(tmp_path) -> None:
         assert not pid_alive(envoy_pid)
     finally:
         up.kill()
+
+
+def test_port_in_use_is_a_clear_error_and_leaves_nothing_running(tmp_path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        up = UpProcess(["--demo-port", "0"], log_path=tmp_path / "up.log")
+        up.args[up.args.index("--ext-proc") + 1] = f"127.0.0.1:{port}"
+        with pytest.raises(RuntimeError, match="exited early"):
+            up.start()
+        assert up.process.wait(20) == 1
+    log = (tmp_path / "up.log").read_text()
+    assert f"error: cannot listen on 127.0.0.1:{port}" in log
+    assert "Traceback" not in log
+    envoy_pid = int(re.search(r"started Envoy pid (\d+)", log).group(1))
+    assert not pid_alive(envoy_pid)
