@@ -67,7 +67,7 @@ class ProviderServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self._ids = itertools.count(1)
-        self._open: set[asyncio.StreamWriter] = set()
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
 
     def base_url(self, name: str, host: str | None = None) -> str:
         return f"http://{host or self.host}:{self.port}/{name}/v1"
@@ -79,13 +79,19 @@ class ProviderServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            tasks = list(self._open.values())
             for writer in list(self._open):
                 writer.transport.abort()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self._open.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[writer] = task
         try:
             while True:
                 request = await _read_request(reader)
@@ -97,7 +103,7 @@ class ProviderServer:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, asyncio.CancelledError):
             pass
         finally:
-            self._open.discard(writer)
+            self._open.pop(writer, None)
             writer.close()
 
     async def _serve(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> bool:

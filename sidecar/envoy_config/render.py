@@ -20,6 +20,7 @@ import betterproto2
 import yaml
 from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutationRules
 from envoy_data_plane.envoy.config.core.v3 import (
     Address,
     DataSource,
@@ -135,6 +136,8 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         ),
         message_timeout=timedelta(milliseconds=limits.sidecar_message_timeout_ms),
         failure_mode_allow=False,
+        # The sidecar removes caller-sent x-envoy-* control headers (retries, timeouts).
+        mutation_rules=HeaderMutationRules(allow_envoy=True),
         status_on_error=HttpStatus(code=StatusCode.ServiceUnavailable),
     )
     route = Route(
@@ -150,6 +153,8 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         stat_prefix="model_groups",
         codec_type=HttpConnectionManagerCodecType.AUTO,
         local_reply_config=local_reply_config(),
+        # Envoy is the edge: X-Forwarded-For gets the real client address.
+        use_remote_address=True,
         route_config=RouteConfiguration(
             name="model_groups",
             virtual_hosts=[VirtualHost(name="model_groups", domains=["*"], routes=[route])],

@@ -7,7 +7,7 @@ body mutation needs a matching `content-length`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
@@ -34,13 +34,14 @@ def _set(headers: Iterable[tuple[str, str]]) -> list[HeaderValueOption]:
     ]
 
 
-def continue_headers() -> ext.ProcessingResponse:
-    """Let the headers pass, dropping any routing header the caller tried to smuggle in."""
+def continue_headers(headers: Mapping[str, str]) -> ext.ProcessingResponse:
+    """Let the headers pass, minus what a caller must not control: the routing header and
+    Envoy's x-envoy-* control headers (retry counts, timeouts), which the router would obey.
+    Envoy trusts those from "internal" (e.g. loopback) clients even as an edge proxy."""
+    remove = [ROUTE_HEADER, *(name for name in headers if name.startswith("x-envoy-"))]
     return ext.ProcessingResponse(
         request_headers=ext.HeadersResponse(
-            response=ext.CommonResponse(
-                header_mutation=ext.HeaderMutation(remove_headers=[ROUTE_HEADER])
-            )
+            response=ext.CommonResponse(header_mutation=ext.HeaderMutation(remove_headers=remove))
         )
     )
 

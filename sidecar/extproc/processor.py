@@ -40,7 +40,7 @@ class ExternalProcessor(ext_grpc.ExternalProcessorServicer):
                         yield messages.immediate(outcome)
                         return
                     pending = outcome
-                    yield messages.continue_headers()
+                    yield messages.continue_headers(headers)
                 elif kind == "request_body":
                     if pending is None:
                         yield messages.immediate(_internal("request body before headers"))

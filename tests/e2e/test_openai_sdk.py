@@ -99,3 +99,24 @@ def test_caller_cannot_pick_the_cluster(stack: Stack, providers: ProviderThread)
         extra_headers={"x-route-cluster": "target__private-group__0__p5"},
     )
     assert not any(r.json()["model"] == "private-model" for r in providers.provider("p5").received)
+
+
+def test_caller_cannot_steer_envoy_with_x_envoy_headers(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    """x-envoy-* control headers from callers are stripped, not obeyed: a 1 ms upstream
+    timeout would otherwise turn this slow (0.3 s) request into a 504."""
+    drip = providers.provider("drip")
+    before = drip.behaviour
+    drip.behaviour = type(before)(latency_s=0.3)
+    try:
+        reply = client(stack).chat.completions.create(
+            model="drip-group", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-envoy-upstream-rq-timeout-ms": "1", "x-envoy-max-retries": "5",
+                           "x-envoy-retry-on": "5xx"})
+    finally:
+        drip.behaviour = before
+    assert reply.model == "drip-model"
+    (request,) = drip.received
+    sent = {"x-envoy-upstream-rq-timeout-ms", "x-envoy-max-retries", "x-envoy-retry-on"}
+    assert not sent & set(request.headers)

@@ -53,10 +53,11 @@ def test_messages_are_upb_backed() -> None:
 
 
 def test_routed_request_sets_cluster_with_raw_values_and_clears_route_cache() -> None:
-    first, second = run(headers_message("/v1/chat/completions"),
+    first, second = run(headers_message("/v1/chat/completions",
+                                        **{"x-envoy-max-retries": "9", "x-route-cluster": "x"}),
                         body_message(b'{"model":"g","messages":[]}'))
     assert list(first.request_headers.response.header_mutation.remove_headers) == [
-        "x-route-cluster"]
+        "x-route-cluster", "x-envoy-max-retries"]
     common = second.request_body.response
     assert common.clear_route_cache is True
     sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
