@@ -90,11 +90,11 @@ INVALID = [
     ("models: {g: {targets: [{provider: openai}]}}", "models.g.targets[0].model_ref: is required"),
     ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
      "{score_terms: [{name: t, expression: '0.5 * speed_score'}]}}}}" % GOOD_TARGET,
-     "models.g.routing_policy.dynamic_score.score_terms[0].expression: unknown score "
-     "'speed_score'"),
+     "models.g.routing_policy.dynamic_score.score_terms[0].expression: unknown name "
+     "'speed_score' at column 7"),
     ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
      "{score_terms: [{name: t, expression: '__import__(\"os\")'}]}}}}" % GOOD_TARGET,
-     "score_terms[0].expression: may only use numbers, score names"),
+     "score_terms[0].expression: unexpected character"),
     ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
      "{thresholds: {max_error_rate: 3}}}}}" % GOOD_TARGET,
      "models.g.routing_policy.dynamic_score.thresholds.max_error_rate: "
