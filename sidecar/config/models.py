@@ -125,20 +125,39 @@ class Validation(StrictModel):
     validated_at: str | None = None
 
 
+Modality = Literal["text", "image"]
+
+
 class Target(StrictModel):
+    """One provider model in a group. Capability fields are tri-state: `null` (the default)
+    means unknown, which the baseline eligibility rules tolerate and the dynamic-score hard
+    filters do not. The tags `tool_capable`, `vision` and `reasoning` stand in for unknown
+    `supports_tools`, `input_modalities: [text, image]` and `supports_reasoning`."""
+
     provider: NonBlank
     model_ref: NonBlank
     weight: NonNegativeInt = 1
     tags: list[str] = Field(default_factory=list)
     api: Dialect | None = None
     pricing: Pricing | None = None
-    input_modalities: list[Literal["text", "image"]] = Field(default_factory=lambda: ["text"])
-    supports_tools: bool = True
-    supports_reasoning: bool = False
+    input_modalities: list[Modality] | None = None
+    supports_tools: bool | None = None
+    supports_reasoning: bool | None = None
     honors_max_tokens: bool = True
     context_window: PositiveInt | None = None
     evaluation: Evaluation | None = None
     validation: Validation | None = None
+
+
+class Contract(StrictModel):
+    """A group's hard requirements and quality floors, checked before any scoring."""
+
+    require_tags: list[str] = Field(default_factory=list)
+    require_input_modalities: list[Modality] = Field(default_factory=list)
+    min_context_window: PositiveInt | None = None
+    min_eval_quality_score: Fraction | None = None
+    min_validation_pass_rate: Fraction | None = None
+    require_validation_status: Literal["passed"] | None = None
 
 
 Strategy = Literal["weighted", "failover", "dynamic_score"]
@@ -148,6 +167,7 @@ class ModelGroup(StrictModel):
     strategy: Strategy = "weighted"
     description: str | None = None
     targets: list[Target] = Field(min_length=1)
+    contract: Contract | None = None
     routing_policy: RoutingPolicy = RoutingPolicy()
 
     @property

@@ -12,15 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.apis import CALLER_PATHS, Dialect
-from sidecar.config.models import Caller
+from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
+from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import ROUTE_HEADER
 from sidecar.gateway.outcome import Forward, Reply
 from sidecar.gateway.runtime import Runtime
 from sidecar.routing.decision import NoEligibleTarget
+from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 
 log = logging.getLogger("sidecar.decision")
@@ -47,8 +49,9 @@ class Pending:
 
 
 class Gateway:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT) -> None:
         self._runtime = runtime
+        self._observations = observations
 
     @property
     def max_body_bytes(self) -> int:
@@ -101,15 +104,25 @@ class Gateway:
         if model not in self._runtime.config.models or not pending.caller.may_use(model):
             return _error(errors.model_not_found(model), anthropic)
 
+        group = self._runtime.config.models[model]
+        shape = request_shape(pending.dialect, payload, _scan_limit(group))
         summary = RequestSummary(
             group=model,
             caller=pending.caller.name,
             dialect=pending.dialect,
-            stream=payload.get("stream") is True,
+            stream=shape.stream,
+            has_tools=shape.has_tools,
+            tool_forced=shape.tool_forced,
+            has_images=shape.has_images,
+            reasoning=shape.reasoning,
+            max_tokens_cap=shape.max_tokens_cap,
+            prompt_chars=shape.prompt_chars,
+            prompt_sample=shape.prompt_sample,
+            spend_ceiling_usd=pending.caller.spend_ceiling_usd,
         )
-        decision = self._runtime.router.decide(summary)
+        decision = self._runtime.router.decide(summary, self._observations)
         if isinstance(decision, NoEligibleTarget):
-            log.info("no eligible target group=%s trace=%s", model, ";".join(decision.trace))
+            log.info("no eligible target group=%s %s", model, decision.trace.summary())
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         route = self._runtime.routes[(model, decision.primary.index, pending.dialect)]
@@ -127,8 +140,8 @@ class Gateway:
         replaced = {name for name, _ in set_headers}
         remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("decision group=%s caller=%s target=%s trace=%s", model,
-                      pending.caller.name, decision.primary.label, ";".join(decision.trace))
+            log.debug("decision group=%s caller=%s target=%s %s", model,
+                      pending.caller.name, decision.primary.label, decision.trace.summary())
         return Forward(route.cluster, route.path, tuple(set_headers), remove, new_body, decision)
 
     def _models(self, caller: Caller, path: str, anthropic: bool) -> Reply:
@@ -139,6 +152,15 @@ class Gateway:
         if name not in allowed:
             return _error(errors.model_not_found(name), anthropic)
         return Reply(200, single_model(name, anthropic))
+
+
+def _scan_limit(group: ModelGroup) -> int:
+    """How much prompt text the routing core may scan: only dynamic_score groups with the
+    prompt_features signal on look at text at all."""
+    if group.strategy != "dynamic_score":
+        return 0
+    features = group.dynamic_score.signals.prompt_features
+    return features.max_scan_bytes if features.enabled else 0
 
 
 def _presented_token(headers: Mapping[str, str]) -> str | None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sidecar.config.models import Target
+from sidecar.routing.trace import DecisionTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,18 +17,18 @@ class TargetChoice:
 
     @property
     def label(self) -> str:
-        """Safe scalar name for traces and logs: ``provider/model_ref``."""
+        """Safe scalar name for traces, logs and observation keys: ``provider/model_ref``."""
         return f"{self.target.provider}/{self.target.model_ref}"
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Primary first, then the fallback order. `trace` holds safe scalar diagnostics only."""
+    """Primary first, then the fallback order, with the trace that explains them."""
 
     group: str
     strategy: str
     ordered: tuple[TargetChoice, ...]
-    trace: tuple[str, ...] = field(default=())
+    trace: DecisionTrace
 
     @property
     def primary(self) -> TargetChoice:
@@ -44,4 +45,4 @@ class NoEligibleTarget:
 
     group: str
     reason: str
-    trace: tuple[str, ...] = field(default=())
+    trace: DecisionTrace

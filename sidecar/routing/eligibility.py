@@ -1,43 +1,93 @@
-"""Request eligibility shared by every strategy: which of the group's targets can serve this
-request as the caller asked. Each rule is named after what it protects and reports why it
-removed a target, so the decision trace can say which rule excluded what."""
+"""Request eligibility, shared by every strategy, and the dynamic-score hard filters.
+
+Each rule is a small function named after what it enforces; it returns True when the target
+may serve the request. The baseline rules tolerate unknown capability metadata (`None`); the
+hard filters with the same subject demand it be declared. When a dynamic-score group enables
+a hard filter, exclusions are reported under the hard filter's config key; otherwise the
+baseline still applies and is reported as `eligibility.<rule>`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from sidecar.apis import Dialect
 from sidecar.config.models import Target
-from sidecar.routing.decision import TargetChoice
+from sidecar.config.policy import HardFilters
+from sidecar.routing.capabilities import accepts_images, reasoning_support, tool_support
 from sidecar.routing.request import RequestSummary
 
-
-@dataclass(frozen=True, slots=True)
-class Exclusion:
-    choice: TargetChoice
-    rule: str
-
-    def describe(self) -> str:
-        return f"excluded {self.choice.label} by {self.rule}"
+Rule = Callable[[RequestSummary, Target, Sequence[Dialect]], bool]
 
 
-def api_skin_preserved(request: RequestSummary, dialects: Sequence[Dialect]) -> bool:
+# --- baseline eligibility (every strategy) ------------------------------------------------
+
+def api_skin(request: RequestSummary, target: Target, dialects: Sequence[Dialect]) -> bool:
     """The caller's API dialect must reach the upstream unchanged (no bridges yet)."""
     return request.dialect in dialects
 
 
-def split_eligible(
-    request: RequestSummary,
-    targets: Sequence[Target],
-    dialects_of: Callable[[Target], Sequence[Dialect]],
-) -> tuple[list[TargetChoice], list[Exclusion]]:
-    eligible: list[TargetChoice] = []
-    excluded: list[Exclusion] = []
-    for index, target in enumerate(targets):
-        choice = TargetChoice(index, target)
-        if not api_skin_preserved(request, dialects_of(target)):
-            excluded.append(Exclusion(choice, "api_skin"))
+def tool_passthrough(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    return not request.has_tools or tool_support(target) is not False
+
+
+def image_modality(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    return not request.has_images or accepts_images(target) is not False
+
+
+def reasoning_metadata(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    return not request.reasoning_requested or reasoning_support(target) is not False
+
+
+def honors_max_tokens(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    return request.max_tokens_cap is None or target.honors_max_tokens
+
+
+# --- hard filters (dynamic_score, policy-declared) ----------------------------------------
+
+def require_requested_api_skin(request: RequestSummary, target: Target,
+                               dialects: Sequence[Dialect]) -> bool:
+    return request.dialect in dialects
+
+
+def require_input_modalities(request: RequestSummary, target: Target,
+                             _: Sequence[Dialect]) -> bool:
+    return not request.has_images or accepts_images(target) is True
+
+
+def require_tool_support_when_tools_present(request: RequestSummary, target: Target,
+                                            _: Sequence[Dialect]) -> bool:
+    return not request.has_tools or tool_support(target) is True
+
+
+def require_honors_max_tokens_when_caller_capped(request: RequestSummary, target: Target,
+                                                 _: Sequence[Dialect]) -> bool:
+    return request.max_tokens_cap is None or target.honors_max_tokens
+
+
+def require_reasoning_support_when_requested(request: RequestSummary, target: Target,
+                                             _: Sequence[Dialect]) -> bool:
+    return not request.reasoning_requested or reasoning_support(target) is True
+
+
+# (baseline rule, the hard filter on the same subject)
+PAIRS: tuple[tuple[Rule, Rule], ...] = (
+    (api_skin, require_requested_api_skin),
+    (image_modality, require_input_modalities),
+    (tool_passthrough, require_tool_support_when_tools_present),
+    (honors_max_tokens, require_honors_max_tokens_when_caller_capped),
+    (reasoning_metadata, require_reasoning_support_when_requested),
+)
+
+
+def active_rules(hard_filters: HardFilters | None) -> list[tuple[str, Rule]]:
+    """The named rules one decision applies: per subject, the hard filter when the group's
+    policy enables it, else the baseline rule. Every hard filter excludes at least what its
+    baseline rule excludes, so turning a hard filter off never relaxes the baseline."""
+    rules: list[tuple[str, Rule]] = []
+    for baseline, hard in PAIRS:
+        if hard_filters is not None and getattr(hard_filters, hard.__name__):
+            rules.append((f"hard_filters.{hard.__name__}", hard))
         else:
-            eligible.append(choice)
-    return eligible, excluded
+            rules.append((f"eligibility.{baseline.__name__}", baseline))
+    return rules

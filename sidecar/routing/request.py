@@ -1,10 +1,24 @@
-"""What the routing core knows about one request: a small, safe summary, never the prompt."""
+"""What the routing core knows about one request: a summary of its shape, never its content.
+
+`prompt_sample` is the one exception: up to `max_scan_bytes` of prompt text, kept only so the
+`prompt_features` signal can look for features. It is excluded from `repr` and never copied
+into a decision or trace.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.apis import Dialect
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Normalized reasoning/thinking request: OpenAI `reasoning_effort` / `reasoning.effort`,
+    Anthropic `thinking.budget_tokens`."""
+
+    effort: str | None = None
+    budget_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,3 +27,20 @@ class RequestSummary:
     caller: str
     dialect: Dialect
     stream: bool = False
+    has_tools: bool = False
+    tool_forced: bool = False
+    has_images: bool = False
+    reasoning: Reasoning | None = None
+    max_tokens_cap: int | None = None
+    prompt_chars: int = 0
+    prompt_sample: str = field(default="", repr=False)
+    spend_ceiling_usd: float | None = None
+
+    @property
+    def reasoning_requested(self) -> bool:
+        return self.reasoning is not None
+
+    @property
+    def estimated_input_tokens(self) -> int:
+        """Rough token estimate (4 characters per token) used for cost and size buckets."""
+        return (self.prompt_chars + 3) // 4

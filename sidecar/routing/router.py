@@ -1,57 +1,66 @@
-"""The routing core: a request summary in, a decision with its reasons out.
+"""The routing core: a request summary and the observation state in, a decision with its
+reasons out.
 
-Pure: no gRPC, no Envoy types, no I/O. The only state is the per-group round-robin position,
-owned here, so that a decision is reproducible from configuration, that state and the request.
+Pure: no gRPC, no Envoy types, no I/O. The only state of its own is each group's
+smooth-weighted-round-robin position, so a decision is reproducible from configuration,
+observation state, that position and the request.
 """
 
 from __future__ import annotations
 
 from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
-from sidecar.routing.eligibility import split_eligible
+from sidecar.routing.dynamic_score import CompiledTerm, compile_terms, dynamic_order
+from sidecar.routing.gates import passing_targets, refusal_reason
+from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
+from sidecar.routing.trace import CandidateTrace, DecisionTrace
 from sidecar.routing.weighted import SmoothWeightedRoundRobin
 
 
 class Router:
     def __init__(self, config: SidecarConfig) -> None:
         self._config = config
-        self._rotations = {
-            name: SmoothWeightedRoundRobin([t.weight for t in group.targets])
-            for name, group in config.models.items()
+        self._rotations = {name: SmoothWeightedRoundRobin(len(group.targets))
+                           for name, group in config.models.items()}
+        self._terms: dict[str, tuple[CompiledTerm, ...]] = {
+            name: compile_terms(group.dynamic_score)
+            for name, group in config.models.items() if group.strategy == "dynamic_score"
         }
 
-    def decide(self, request: RequestSummary) -> Decision | NoEligibleTarget:
+    def decide(self, request: RequestSummary,
+               observations: ObservationView = EMPTY_SNAPSHOT) -> Decision | NoEligibleTarget:
         group = self._config.models[request.group]
-        eligible, excluded = split_eligible(request, group.targets, self._config.target_dialects)
-        trace = [f"strategy={group.strategy}", f"candidates={len(group.targets)}"]
-        trace += [exclusion.describe() for exclusion in excluded]
+        trace = DecisionTrace(strategy=group.strategy, candidate_count=len(group.targets))
+        if request.reasoning is not None:
+            trace.reasoning = {"effort": request.reasoning.effort,
+                               "budget_tokens": request.reasoning.budget_tokens}
+        eligible = passing_targets(request, group, self._config.target_dialects, trace)
         if not eligible:
-            return NoEligibleTarget(
-                request.group,
-                f"no target of model group '{request.group}' serves the "
-                f"{request.dialect.value} API",
-                tuple(trace),
-            )
+            return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         if group.strategy == "failover":
+            trace.order = "declared"
             ordered = eligible
-            trace.append("order=declared")
+        elif group.strategy == "dynamic_score":
+            ordered = dynamic_order(request, eligible, group.dynamic_score,
+                                    self._terms[request.group], observations,
+                                    self._rotations[request.group], trace)
         else:
-            ordered = self._weighted_order(request.group, group, eligible)
-            if group.strategy == "dynamic_score":
-                trace.append("dynamic_score=not_scored_yet:configured_weight_order")
-            trace.append("order=smooth_weighted_round_robin")
-        return Decision(request.group, group.strategy, tuple(ordered), tuple(trace))
+            ordered = self._weighted_order(request.group, group, eligible, trace)
+        return Decision(request.group, group.strategy, tuple(ordered), trace)
 
-    def _weighted_order(
-        self, name: str, group: ModelGroup, eligible: list[TargetChoice]
-    ) -> list[TargetChoice]:
+    def _weighted_order(self, name: str, group: ModelGroup, eligible: list[TargetChoice],
+                        trace: DecisionTrace) -> list[TargetChoice]:
         """Primary by smooth weighted round-robin; fallbacks by descending weight, then
         declared order, so the fallback order is stable and favours the declared mix."""
-        primary_index = self._rotations[name].pick([choice.index for choice in eligible])
+        trace.order = "smooth_weighted_round_robin"
+        weights = [c.target.weight for c in eligible]
+        total = sum(weights) or 1
+        trace.candidates = [CandidateTrace(c.label, round(c.target.weight / total, 6),
+                                           final_share=round(c.target.weight / total, 6))
+                            for c in eligible]
+        primary_index = self._rotations[name].pick([c.index for c in eligible], weights)
         primary = next(c for c in eligible if c.index == primary_index)
-        rest = sorted(
-            (c for c in eligible if c.index != primary_index),
-            key=lambda c: (-c.target.weight, c.index),
-        )
+        rest = sorted((c for c in eligible if c.index != primary_index),
+                      key=lambda c: (-c.target.weight, c.index))
         return [primary, *rest]

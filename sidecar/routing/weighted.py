@@ -1,8 +1,10 @@
 """Smooth weighted round-robin: exact weight proportions, evenly interleaved, deterministic.
 
-Over any run of `sum(weights)` consecutive picks from a fresh state each target is picked
-exactly `weight` times, and the sequence depends only on the weights and the pick count, so
-a group's traffic mix is reproducible from configuration alone.
+With constant weights, over any run of picks the count of each candidate stays within one of
+its proportional share, and the sequence depends only on the weights and the pick count, so a
+group's traffic mix is reproducible from configuration (and observation state) alone.
+Weights may change between picks (dynamic_score blends them per request); the accumulated
+position carries over, which keeps the realised mix close to the weights in force.
 """
 
 from __future__ import annotations
@@ -11,24 +13,23 @@ from collections.abc import Sequence
 
 
 class SmoothWeightedRoundRobin:
-    """Per-group state for the smooth weighted round-robin of Nginx fame, over a subset."""
+    """Per-group rotation state over target indices (the Nginx smooth round-robin)."""
 
-    __slots__ = ("_current", "_weights")
+    __slots__ = ("_current",)
 
-    def __init__(self, weights: Sequence[int]) -> None:
-        self._weights = list(weights)
-        self._current = [0] * len(weights)
+    def __init__(self, size: int) -> None:
+        self._current = [0.0] * size
 
-    def pick(self, candidates: Sequence[int]) -> int:
-        """Pick one index among `candidates` (indices into the weights). Zero-weight
-        candidates are chosen only when every candidate has weight zero."""
-        total = sum(self._weights[i] for i in candidates)
-        if total == 0:
-            return min(candidates)
+    def pick(self, candidates: Sequence[int], weights: Sequence[float]) -> int:
+        """Pick one of `candidates` (target indices) given their `weights` (same order).
+        When every weight is zero the first candidate is picked and the state is unchanged."""
+        total = sum(weights)
+        if total <= 0:
+            return candidates[0]
         best = -1
-        for i in candidates:
-            self._current[i] += self._weights[i]
-            if best < 0 or self._current[i] > self._current[best]:
-                best = i
+        for index, weight in zip(candidates, weights, strict=True):
+            self._current[index] += weight
+            if best < 0 or self._current[index] > self._current[best]:
+                best = index
         self._current[best] -= total
         return best

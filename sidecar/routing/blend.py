@@ -1,0 +1,40 @@
+"""Cold start and the capped blend: how far live scores may move traffic from the weights.
+
+With a = max_score_adjustment_percent / 100, w_i the target's configured weight share
+(renormalised over the eligible targets), W the summed weight share of the warm targets and
+s_i ≥ 0 the warm target's score-term value:
+
+    cold target:  share_i = w_i
+    warm target:  share_i = (1 − a)·w_i + a·W·s_i / Σ_warm s_j
+
+Shares sum to 1. A warm target keeps at least (1 − a)·w_i and gets at most (1 − a)·w_i + a·W;
+a cold target keeps exactly w_i, so it is never starved. If Σ_warm s_j is 0 (or no score term
+applies) every target keeps w_i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def weight_shares(weights: Sequence[int]) -> list[float]:
+    """Configured weights renormalised over the eligible targets; equal when all are 0."""
+    total = sum(weights)
+    if total == 0:
+        return [1.0 / len(weights)] * len(weights)
+    return [w / total for w in weights]
+
+
+def blended_shares(shares: Sequence[float], warm: Sequence[bool],
+                   values: Sequence[float | None], adjustment: float) -> list[float]:
+    """`values[i]` is the warm target's score-term value (None when no term applies)."""
+    warm_share = sum(s for s, hot in zip(shares, warm, strict=True) if hot)
+    term_values = [max(0.0, v or 0.0) if hot else 0.0
+                   for v, hot in zip(values, warm, strict=True)]
+    total_value = sum(term_values)
+    if total_value <= 0 or warm_share <= 0 or all(v is None for v in values):
+        return list(shares)
+    return [
+        (1 - adjustment) * s + adjustment * warm_share * v / total_value if hot else s
+        for s, hot, v in zip(shares, warm, term_values, strict=True)
+    ]

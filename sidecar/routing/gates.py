@@ -1,0 +1,75 @@
+"""The stages every strategy shares, in order: scope → request eligibility (or, for
+dynamic_score, its hard filters) → the group's contract → the caller's spend ceiling.
+Each exclusion is recorded in the trace under the config key or rule that made it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sidecar.apis import Dialect
+from sidecar.config.models import ModelGroup, Target
+from sidecar.routing.contract import contract_violation
+from sidecar.routing.decision import TargetChoice
+from sidecar.routing.eligibility import active_rules
+from sidecar.routing.request import RequestSummary
+from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
+from sidecar.routing.trace import DecisionTrace
+
+SPEND_CEILING = "spend_ceiling"
+
+# Caller-facing words for each stage (no target names: they are the operator's business).
+_WHY = {
+    "api_skin": "none speaks the {dialect} API",
+    "tool": "tool use needs a target with tool support",
+    "modalit": "image input needs a target that accepts images",
+    "image": "image input needs a target that accepts images",
+    "max_tokens": "an explicit max-token cap needs a target that honors it",
+    "reasoning": "reasoning/thinking needs a target with reasoning support",
+    "contract": "the group's contract excludes the rest",
+    SPEND_CEILING: "the estimated cost exceeds your spend ceiling",
+}
+
+
+def output_budget(request: RequestSummary) -> int:
+    return request.max_tokens_cap or DEFAULT_OUTPUT_BUDGET_TOKENS
+
+
+def passing_targets(
+    request: RequestSummary,
+    group: ModelGroup,
+    dialects_of: Callable[[Target], Sequence[Dialect]],
+    trace: DecisionTrace,
+) -> list[TargetChoice]:
+    hard_filters = group.dynamic_score.hard_filters if group.strategy == "dynamic_score" else None
+    rules = active_rules(hard_filters)
+    passing: list[TargetChoice] = []
+    for index, target in enumerate(group.targets):
+        choice = TargetChoice(index, target)
+        dialects = dialects_of(target)
+        failed = next((name for name, rule in rules if not rule(request, target, dialects)), None)
+        if failed is None and group.contract is not None:
+            failed = contract_violation(group.contract, target)
+        if failed is None and request.spend_ceiling_usd is not None:
+            cost = estimated_cost_usd(target, request.estimated_input_tokens,
+                                      output_budget(request))
+            if cost is not None and cost > request.spend_ceiling_usd:
+                failed = SPEND_CEILING
+        if failed is None:
+            passing.append(choice)
+        else:
+            trace.exclude(choice.label, failed)
+    return passing
+
+
+def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
+    """Why nothing is left, in words a caller can act on."""
+    reasons: list[str] = []
+    for _, stage in trace.exclusions:
+        for fragment, words in _WHY.items():
+            if fragment in stage:
+                text = words.format(dialect=request.dialect.value)
+                if text not in reasons:
+                    reasons.append(text)
+                break
+    detail = "; ".join(reasons) or "no target is eligible"
+    return f"No target of model group '{request.group}' can serve this request: {detail}."

@@ -1,0 +1,79 @@
+"""Observation state as the routing core reads it: per-target rolling-window figures.
+
+The core never reads a store directly; it gets an `ObservationView`. The live store (issue
+#4) and a JSON snapshot file (`sidecar explain --observations`) both provide one. Targets are
+keyed by ``provider/model_ref``, so a model shared by several groups shares its observations.
+
+Snapshot file format (JSON)::
+
+    {"targets": {"baseten/gpt-oss-120b": {"count": 120, "p95_latency_ms": 850,
+                 "p95_ttfb_ms": 210, "output_tokens_per_s": 95.0, "error_rate": 0.01,
+                 "timeout_rate": 0.0, "fallback_rate": 0.02}}}
+
+Every figure is optional except `count`; rates are fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TargetObservations:
+    count: int = 0
+    p95_latency_ms: float | None = None
+    p95_ttfb_ms: float | None = None
+    output_tokens_per_s: float | None = None
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    fallback_rate: float = 0.0
+
+
+NO_OBSERVATIONS = TargetObservations()
+
+
+class ObservationView(Protocol):
+    def get(self, target_key: str, window_seconds: int) -> TargetObservations:
+        """Figures for `target_key` over the last `window_seconds`."""
+        ...
+
+
+@dataclass(frozen=True)
+class ObservationSnapshot:
+    """A fixed set of figures (the window is whatever the snapshot was taken over)."""
+
+    targets: Mapping[str, TargetObservations]
+
+    def get(self, target_key: str, window_seconds: int) -> TargetObservations:
+        return self.targets.get(target_key, NO_OBSERVATIONS)
+
+
+EMPTY_SNAPSHOT = ObservationSnapshot({})
+_FIELDS = {f.name for f in fields(TargetObservations)}
+
+
+class SnapshotFormatError(ValueError):
+    """The snapshot document does not follow the documented format."""
+
+
+def snapshot_from_dict(document: Any) -> ObservationSnapshot:
+    if not isinstance(document, dict) or not isinstance(document.get("targets"), dict):
+        raise SnapshotFormatError('expected {"targets": {"provider/model_ref": {...}}}')
+    targets: dict[str, TargetObservations] = {}
+    for key, figures in document["targets"].items():
+        if not isinstance(figures, dict):
+            raise SnapshotFormatError(f"targets.{key}: expected an object of figures")
+        unknown = set(figures) - _FIELDS
+        if unknown:
+            raise SnapshotFormatError(f"targets.{key}: unknown figure(s) {sorted(unknown)}")
+        try:
+            targets[key] = TargetObservations(**{
+                name: (int(value) if name == "count" else
+                       None if value is None else float(value))
+                for name, value in figures.items()
+            })
+        except (TypeError, ValueError):
+            raise SnapshotFormatError(f"targets.{key}: figures must be numbers") from None
+    return ObservationSnapshot(targets)

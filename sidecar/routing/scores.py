@@ -1,0 +1,86 @@
+"""The six scores, each bounded to [0, 1]; 1 is best. A score whose signal is disabled, or
+whose inputs are unknown for a target, is the neutral 0.5 so it cannot decide anything.
+
+| score | definition (over the candidates of one decision) |
+| --- | --- |
+| cost_score | cheapest estimated request cost / this target's cost (1 for the cheapest; |
+|            | a paid target scores 0 when another is free) |
+| latency_score | lowest observed p95 latency / this target's p95 (warm targets only) |
+| throughput_score | this target's observed output tokens/s / the highest (warm targets only) |
+| reliability_score | 1 − min(1, error rate + timeout rate + fallback rate) (warm targets only) |
+| complexity_score | request complexity points / 6, capped at 1 (same for every target) |
+| eval_quality_score | configured evaluation quality (see capabilities.eval_quality) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.config.models import Target
+from sidecar.config.policy import Signals
+from sidecar.routing.capabilities import eval_quality
+from sidecar.routing.observations import TargetObservations
+
+NEUTRAL = 0.5
+DEFAULT_OUTPUT_BUDGET_TOKENS = 1024
+
+
+def estimated_cost_usd(target: Target, input_tokens: int, output_tokens: int) -> float | None:
+    """Estimated cost of one request on `target`, or None when its pricing is unknown."""
+    if target.pricing is None:
+        return None
+    return (input_tokens * target.pricing.input_per_mtok
+            + output_tokens * target.pricing.output_per_mtok) / 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What scoring needs to know of one eligible target."""
+
+    target: Target
+    observations: TargetObservations
+    warm: bool
+    cost_usd: float | None
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    if denominator <= 0:
+        return 1.0 if numerator <= 0 else 0.0
+    return max(0.0, min(1.0, numerator / denominator))
+
+
+def score_candidates(candidates: Sequence[Candidate], signals: Signals,
+                     complexity_score: float | None) -> list[dict[str, float]]:
+    costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
+    cheapest = min(costs) if costs else None
+    warm = [c.observations for c in candidates if c.warm]
+    latencies = [o.p95_latency_ms for o in warm if o.p95_latency_ms is not None]
+    fastest = min(latencies) if latencies else None
+    speeds = [o.output_tokens_per_s for o in warm if o.output_tokens_per_s is not None]
+    top_speed = max(speeds) if speeds else None
+    observed = signals.observed_performance.enabled
+
+    results = []
+    for candidate in candidates:
+        obs = candidate.observations
+        scores = dict.fromkeys(
+            ("cost_score", "latency_score", "throughput_score", "reliability_score",
+             "complexity_score", "eval_quality_score"), NEUTRAL)
+        if signals.cost.enabled and candidate.cost_usd is not None and cheapest is not None:
+            scores["cost_score"] = _ratio(cheapest, candidate.cost_usd)
+        if observed and candidate.warm:
+            if obs.p95_latency_ms is not None and fastest is not None:
+                scores["latency_score"] = _ratio(fastest, obs.p95_latency_ms)
+            if obs.output_tokens_per_s is not None and top_speed:
+                scores["throughput_score"] = _ratio(obs.output_tokens_per_s, top_speed)
+            failures = obs.error_rate + obs.timeout_rate + obs.fallback_rate
+            scores["reliability_score"] = 1.0 - min(1.0, max(0.0, failures))
+        if complexity_score is not None:
+            scores["complexity_score"] = complexity_score
+        if signals.evaluation_metadata.enabled:
+            quality = eval_quality(candidate.target)
+            if quality is not None:
+                scores["eval_quality_score"] = quality
+        results.append(scores)
+    return results

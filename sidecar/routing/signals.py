@@ -1,0 +1,127 @@
+"""Request-side signals: `request_shape` buckets, `prompt_features`, and `complexity`.
+
+All three are pure functions of the request summary and the group's `signals` block. They
+never return prompt text, only bucket names, so their output is safe for traces and logs.
+
+Complexity points (the bucket is `simple` at 0, `standard` at 1–2, `complex` at 3 or more;
+`complexity_score` is points / 6, capped at 1):
+
+| input (request_shape must be enabled) | points |
+| --- | --- |
+| estimated input tokens ≥ 2,000 / ≥ 8,000 / ≥ 32,000 | 1 / 2 / 3 |
+| tools present | 1 |
+| images present | 1 |
+| output budget (explicit cap) ≥ 4,096 / ≥ 16,384 | 1 / 2 |
+| reasoning requested | 1 |
+| each detected heavy feature (`code`, `diff`, `stack_trace`, `security_review`, | 1 |
+| `tool_agent`) | |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sidecar.config.policy import Complexity, PromptFeature, Signals
+from sidecar.routing.request import RequestSummary
+
+_FEATURE_PATTERNS: dict[PromptFeature, re.Pattern[str]] = {
+    PromptFeature.CODE: re.compile(
+        r"```|^\s*(def|class|import|from \S+ import|function|const|let|var|public|package|"
+        r"#include|fn|func)\b|[;{]\s*$",
+        re.MULTILINE),
+    PromptFeature.DIFF: re.compile(r"^(diff --git |@@ -\d|--- a/|\+\+\+ b/)", re.MULTILINE),
+    PromptFeature.STACK_TRACE: re.compile(
+        r"Traceback \(most recent call last\)|^\s+at [\w.$<>]+\(|Exception in thread|"
+        r"^panic: |goroutine \d+ \[|File \"[^\"]+\", line \d+|\w+(Error|Exception): ",
+        re.MULTILINE),
+    PromptFeature.SUMMARIZE: re.compile(r"\b(summari[sz]e|summary|tl;?dr|condense)\b", re.I),
+    PromptFeature.EXTRACT: re.compile(
+        r"\b(extract|pull out|parse (the|this)|return (only )?(the )?json)\b", re.I),
+    PromptFeature.SECURITY_REVIEW: re.compile(
+        r"\b(security review|vulnerabilit\w*|CVE-\d{4}|exploit\w*|threat model|"
+        r"(sql|command) injection|xss|csrf)\b", re.I),
+    PromptFeature.TOOL_AGENT: re.compile(
+        r"\b(use the \w+ tool|call the \w+ (tool|function)|you are an? (autonomous )?agent|"
+        r"available tools)\b", re.I),
+}
+_HEAVY_FEATURES = {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE,
+                   PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT}
+
+
+def detect_prompt_features(request: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
+    config = signals.prompt_features
+    if not config.enabled:
+        return frozenset()
+    sample = request.prompt_sample
+    found = {feature for feature in config.features if _FEATURE_PATTERNS[feature].search(sample)}
+    if PromptFeature.TOOL_AGENT in config.features and request.has_tools:
+        found.add(PromptFeature.TOOL_AGENT)
+    return frozenset(found)
+
+
+def size_bucket(tokens: int) -> str:
+    if tokens >= 32_000:
+        return "xl"
+    if tokens >= 8_000:
+        return "large"
+    if tokens >= 2_000:
+        return "medium"
+    return "small"
+
+
+def cap_bucket(cap: int | None) -> str:
+    if cap is None:
+        return "none"
+    if cap <= 16:
+        return "tiny"
+    if cap < 4_096:
+        return "normal"
+    if cap < 16_384:
+        return "large"
+    return "xl"
+
+
+def request_shape_buckets(request: RequestSummary) -> dict[str, str | bool]:
+    """Safe scalar description of the request (the `request_shape` signal)."""
+    return {
+        "dialect": request.dialect.value,
+        "stream": request.stream,
+        "tools": "forced" if request.tool_forced else ("present" if request.has_tools else "none"),
+        "images": request.has_images,
+        "reasoning": request.reasoning_requested,
+        "max_tokens_cap": cap_bucket(request.max_tokens_cap),
+        "input_size": size_bucket(request.estimated_input_tokens),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ComplexityResult:
+    bucket: Complexity
+    points: int
+
+    @property
+    def score(self) -> float:
+        return min(1.0, self.points / 6)
+
+
+def complexity(request: RequestSummary, features: frozenset[PromptFeature],
+               signals: Signals) -> ComplexityResult | None:
+    """The ordered complexity bucket, or None when the `complexity` signal is disabled."""
+    if not signals.complexity.enabled:
+        return None
+    points = len(features & _HEAVY_FEATURES)
+    if signals.request_shape.enabled:
+        tokens = request.estimated_input_tokens
+        points += sum(tokens >= limit for limit in (2_000, 8_000, 32_000))
+        points += int(request.has_tools) + int(request.has_images)
+        points += int(request.reasoning_requested)
+        cap = request.max_tokens_cap or 0
+        points += sum(cap >= limit for limit in (4_096, 16_384))
+    if points == 0:
+        bucket = Complexity.SIMPLE
+    elif points <= 2:
+        bucket = Complexity.STANDARD
+    else:
+        bucket = Complexity.COMPLEX
+    return ComplexityResult(bucket, points)

@@ -1,0 +1,63 @@
+"""The decision trace: safe scalar diagnostics of why a target won and the others lost.
+
+Only bucket names, config key names, target labels (``provider/model_ref``) and numbers:
+never prompt text, tokens or keys. `to_dict` is what `sidecar explain` prints and what
+telemetry will persist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CandidateTrace:
+    target: str
+    weight_share: float
+    warm: bool = False
+    observations: int = 0
+    scores: dict[str, float] = field(default_factory=dict)
+    term_value: float | None = None
+    final_share: float = 0.0
+
+
+@dataclass
+class DecisionTrace:
+    strategy: str
+    candidate_count: int
+    order: str = ""
+    exclusions: list[tuple[str, str]] = field(default_factory=list)
+    signals: tuple[str, ...] = ()
+    request_shape: dict[str, str | bool] = field(default_factory=dict)
+    prompt_features: tuple[str, ...] = ()
+    complexity: str | None = None
+    cold_start: str | None = None
+    score_terms: tuple[str, ...] = ()
+    require_tags_relaxed: bool = False
+    thresholds_relaxed: bool = False
+    reasoning: dict[str, str | int | None] | None = None
+    candidates: list[CandidateTrace] = field(default_factory=list)
+
+    def exclude(self, target: str, stage: str) -> None:
+        self.exclusions.append((target, stage))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
+        return data
+
+    def summary(self) -> str:
+        """One log line: stages and buckets, no numbers beyond counts."""
+        parts = [f"strategy={self.strategy}", f"candidates={self.candidate_count}",
+                 f"order={self.order}"]
+        if self.complexity:
+            parts.append(f"complexity={self.complexity}")
+        if self.cold_start:
+            parts.append(f"cold_start={self.cold_start}")
+        if self.score_terms:
+            parts.append("terms=" + ",".join(self.score_terms))
+        if self.thresholds_relaxed:
+            parts.append("thresholds_relaxed")
+        parts += [f"excluded[{t}]={s}" for t, s in self.exclusions]
+        return " ".join(parts)

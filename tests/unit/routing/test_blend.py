@@ -1,0 +1,149 @@
+"""`score_terms`, cold start and the capped blend, including the worked example of
+docs/dynamic-score.md (the numbers there are asserted here)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sidecar.routing.blend import blended_shares, weight_shares
+from sidecar.routing.router import Router
+from tests.unit.routing.helpers import config, decide, excluded, request, snapshot, warm
+
+WORKED = config("""
+  worked-example:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: a, weight: 60, pricing: {input_per_mtok: 1, output_per_mtok: 4}}
+      - {provider: p, model_ref: b, weight: 25, pricing: {input_per_mtok: 0.5, output_per_mtok: 2}}
+      - {provider: p, model_ref: c, weight: 5}
+    routing_policy:
+      dynamic_score:
+        min_observations: 20
+        max_score_adjustment_percent: 70
+        score_terms:
+          - name: cheap_and_quick
+            expression: "0.5 * cost_score + 0.5 * latency_score"
+""")
+WORKED_OBS = snapshot(p__a=warm(40, p95_latency_ms=2000), p__b=warm(40, p95_latency_ms=1000),
+                      p__c=warm(5))
+WORKED_REQUEST = request("worked-example", prompt_chars=4000, max_tokens_cap=1000)
+
+
+def test_worked_example_scores_and_shares() -> None:
+    trace = decide(WORKED, WORKED_REQUEST, WORKED_OBS).trace
+    rows = {c.target: c for c in trace.candidates}
+    assert trace.score_terms == ("cheap_and_quick",)
+    assert trace.cold_start == "mixed"
+    assert (rows["p/a"].scores["cost_score"], rows["p/a"].scores["latency_score"]) == (0.5, 0.5)
+    assert (rows["p/b"].scores["cost_score"], rows["p/b"].scores["latency_score"]) == (1.0, 1.0)
+    assert (rows["p/a"].term_value, rows["p/b"].term_value, rows["p/c"].term_value) == (
+        0.5, 1.0, None)
+    assert rows["p/a"].weight_share == pytest.approx(0.666667)
+    assert rows["p/a"].final_share == pytest.approx(0.420370)
+    assert rows["p/b"].final_share == pytest.approx(0.524074)
+    assert rows["p/c"].final_share == pytest.approx(0.055556)
+
+
+def test_worked_example_over_1000_decisions() -> None:
+    router = Router(WORKED)
+    counts = Counter(router.decide(WORKED_REQUEST, WORKED_OBS).primary.target.model_ref
+                     for _ in range(1000))
+    assert abs(counts["a"] - 420.37) <= 1.1
+    assert abs(counts["b"] - 524.07) <= 1.1
+    assert abs(counts["c"] - 55.56) <= 1.1
+
+
+def test_fallback_order_is_by_final_share() -> None:
+    decision = decide(WORKED, WORKED_REQUEST, WORKED_OBS)
+    others = [c.target.model_ref for c in decision.ordered if c is not decision.primary]
+    assert others == sorted(others, key=["b", "a", "c"].index)
+
+
+def test_cold_start_all_cold_follows_the_weights_exactly() -> None:
+    router = Router(WORKED)
+    counts = Counter(router.decide(WORKED_REQUEST).primary.target.model_ref for _ in range(90))
+    assert counts == {"a": 60, "b": 25, "c": 5}
+    decision = router.decide(WORKED_REQUEST)
+    assert decision.trace.cold_start == "all_cold"
+    assert decision.trace.order == "weight_shares"
+    assert [c.target.model_ref for c in decision.ordered[1:]] == sorted(
+        [c.target.model_ref for c in decision.ordered[1:]], key=["a", "b", "c"].index)
+
+
+def test_adjustment_zero_means_weights_only_and_100_means_scores_only() -> None:
+    shares = weight_shares([60, 25, 5])
+    assert blended_shares(shares, [True, True, False], [0.5, 1.0, None], 0.0) == shares
+    full = blended_shares(shares, [True, True, False], [0.5, 1.0, None], 1.0)
+    assert full == pytest.approx([17 / 18 / 3, 17 / 18 * 2 / 3, 1 / 18])
+
+
+def test_no_term_value_or_all_zero_values_keep_the_weights() -> None:
+    shares = weight_shares([3, 1])
+    assert blended_shares(shares, [True, True], [None, None], 0.7) == shares
+    assert blended_shares(shares, [True, True], [0.0, 0.0], 0.7) == shares
+    assert blended_shares(shares, [True, True], [-1.0, 0.0], 0.7) == shares  # negatives clamp
+
+
+TERMS = config("""
+  g:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: validated, weight: 1, tags: [validated]}
+      - {provider: p, model_ref: plain, weight: 1}
+    routing_policy:
+      dynamic_score:
+        score_terms:
+          - {name: small, when: {complexity_lte: standard}, expression: "cost_score"}
+          - {name: big, when: {complexity_gte: complex}, require_tags: [validated],
+             expression: "eval_quality_score"}
+          - {name: always, expression: "reliability_score"}
+""")
+COMPLEX_PROMPT = ('Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: 1\n'
+                  "diff --git a/x.py b/x.py\n@@ -1 +1 @@\n```\ndef f(): pass\n```")
+
+
+def test_score_terms_when_selects_by_complexity_and_several_terms_add_up() -> None:
+    simple = decide(TERMS, request(prompt_sample="hello")).trace
+    assert simple.score_terms == ("small", "always")
+    assert simple.complexity == "simple"
+    complex_ = decide(TERMS, request(prompt_sample=COMPLEX_PROMPT)).trace
+    assert complex_.complexity == "complex"
+    assert complex_.score_terms == ("big", "always")
+
+
+def test_score_terms_require_tags_restricts_candidates_while_the_term_applies() -> None:
+    decision = decide(TERMS, request(prompt_sample=COMPLEX_PROMPT))
+    assert [c.target.model_ref for c in decision.ordered] == ["validated"]
+    assert excluded(decision) == {"p/plain": "score_terms.require_tags"}
+    assert len(decide(TERMS, request(prompt_sample="hello")).ordered) == 2
+
+
+def test_require_tags_that_would_remove_everyone_is_relaxed() -> None:
+    cfg = config("""
+  g:
+    strategy: dynamic_score
+    targets: [{provider: p, model_ref: plain}]
+    routing_policy:
+      dynamic_score:
+        score_terms: [{name: t, require_tags: [validated], expression: "1"}]
+""")
+    decision = decide(cfg, request())
+    assert decision.primary.target.model_ref == "plain"
+    assert decision.trace.require_tags_relaxed is True
+
+
+def test_term_values_sum_when_several_terms_match() -> None:
+    cfg = config("""
+  g:
+    strategy: dynamic_score
+    targets: [{provider: p, model_ref: a}, {provider: p, model_ref: b}]
+    routing_policy:
+      dynamic_score:
+        score_terms:
+          - {name: one, expression: "0.25"}
+          - {name: two, expression: "2 * complexity_score + 0.5"}
+""")
+    trace = decide(cfg, request(), snapshot(p__a=warm(), p__b=warm())).trace
+    assert [c.term_value for c in trace.candidates] == [0.75, 0.75]

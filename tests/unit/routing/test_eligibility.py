@@ -1,0 +1,107 @@
+"""Request eligibility (every strategy) and the dynamic-score `hard_filters`, one test per
+rule, named after its config key. Unknown capability metadata passes the baseline rule and
+fails the hard filter."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.apis import Dialect
+from sidecar.routing.request import Reasoning
+from tests.unit.routing.helpers import config, decide, excluded, refuse, request
+
+TARGETS = """
+    targets:
+      - {provider: p, model_ref: declared, weight: 1, supports_tools: true,
+         input_modalities: [text, image], supports_reasoning: true}
+      - {provider: p, model_ref: unknown, weight: 1}
+      - {provider: p, model_ref: denied, weight: 1, supports_tools: false,
+         input_modalities: [text], supports_reasoning: false, honors_max_tokens: false}
+      - {provider: anth-only, model_ref: other-api, weight: 1}
+"""
+WEIGHTED = config("  g:\n    strategy: weighted" + TARGETS)
+
+
+def dynamic(**filters: bool):
+    block = ", ".join(f"{k}: {str(v).lower()}" for k, v in filters.items())
+    return config("  g:\n    strategy: dynamic_score" + TARGETS
+                  + f"    routing_policy: {{dynamic_score: {{hard_filters: {{{block}}}}}}}\n")
+
+
+def served(cfg, **shape) -> set[str]:
+    return {c.target.model_ref for c in decide(cfg, request(**shape)).ordered}
+
+
+CASES = [
+    ("tools", {"has_tools": True}, "tool_passthrough", "require_tool_support_when_tools_present"),
+    ("images", {"has_images": True}, "image_modality", "require_input_modalities"),
+    ("reasoning", {"reasoning": Reasoning(effort="high")}, "reasoning_metadata",
+     "require_reasoning_support_when_requested"),
+]
+
+
+@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
+def test_baseline_excludes_only_declared_incapability(name, shape, baseline, hard) -> None:
+    decision = decide(WEIGHTED, request(**shape))
+    assert {c.target.model_ref for c in decision.ordered} == {"declared", "unknown"}
+    assert excluded(decision)["p/denied"] == f"eligibility.{baseline}"
+
+
+@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
+def test_hard_filter_also_excludes_unknown_metadata(name, shape, baseline, hard) -> None:
+    decision = decide(dynamic(**{hard: True}), request(**shape))
+    assert {c.target.model_ref for c in decision.ordered} == {"declared"}
+    assert excluded(decision)["p/unknown"] == f"hard_filters.{hard}"
+    assert excluded(decision)["p/denied"] == f"hard_filters.{hard}"
+
+
+@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
+def test_turning_a_hard_filter_off_falls_back_to_the_baseline(name, shape, baseline, hard):
+    decision = decide(dynamic(**{hard: False}), request(**shape))
+    assert {c.target.model_ref for c in decision.ordered} == {"declared", "unknown"}
+    assert excluded(decision)["p/denied"] == f"eligibility.{baseline}"
+
+
+def test_require_tool_support_tag_shorthand() -> None:
+    cfg = config("""
+  g:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: tagged, tags: [tool_capable]}
+      - {provider: p, model_ref: untagged}
+""")
+    assert served(cfg, has_tools=True) == {"tagged"}
+    assert served(cfg, has_tools=False) == {"tagged", "untagged"}
+
+
+@pytest.mark.parametrize("cap", [1, 64])
+def test_require_honors_max_tokens_when_caller_capped(cap: int) -> None:
+    for cfg, stage in ((WEIGHTED, "eligibility.honors_max_tokens"),
+                       (dynamic(require_honors_max_tokens_when_caller_capped=True),
+                        "hard_filters.require_honors_max_tokens_when_caller_capped")):
+        decision = decide(cfg, request(max_tokens_cap=cap))
+        assert "denied" not in {c.target.model_ref for c in decision.ordered}
+        assert excluded(decision)["p/denied"] == stage
+    assert "denied" in served(WEIGHTED, max_tokens_cap=None)
+
+
+def test_require_requested_api_skin() -> None:
+    decision = decide(dynamic(require_requested_api_skin=True), request())
+    assert excluded(decision)["anth-only/other-api"] == "hard_filters.require_requested_api_skin"
+    decision = decide(dynamic(require_requested_api_skin=False), request())
+    assert excluded(decision)["anth-only/other-api"] == "eligibility.api_skin"
+    assert served(WEIGHTED, dialect=Dialect.ANTHROPIC_MESSAGES) == {
+        "declared", "unknown", "denied", "other-api"}
+
+
+def test_refusal_explains_every_reason_in_caller_words() -> None:
+    cfg = config("""
+  g:
+    targets:
+      - {provider: p, model_ref: x, supports_tools: false}
+      - {provider: p, model_ref: y, input_modalities: [text]}
+""")
+    outcome = refuse(cfg, request(has_tools=True, has_images=True))
+    assert outcome.reason == (
+        "No target of model group 'g' can serve this request: tool use needs a target with "
+        "tool support; image input needs a target that accepts images.")

@@ -1,0 +1,151 @@
+"""Property tests over random groups, requests and observation states (hypothesis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.apis import Dialect
+from sidecar.config import load_config_text
+from sidecar.config.loading import load_config_data
+from sidecar.routing.decision import Decision
+from sidecar.routing.eligibility import PAIRS
+from sidecar.routing.observations import ObservationSnapshot, TargetObservations
+from sidecar.routing.request import Reasoning, RequestSummary
+from sidecar.routing.router import Router
+
+PROVIDERS = {"p": {"base_url": "http://127.0.0.1:9/v1",
+                   "dialects": ["openai_chat", "anthropic_messages"]}}
+TRI = st.one_of(st.none(), st.booleans())
+
+targets = st.lists(st.fixed_dictionaries({
+    "weight": st.integers(0, 100),
+    "supports_tools": TRI,
+    "supports_reasoning": TRI,
+    "honors_max_tokens": st.booleans(),
+    "input_modalities": st.one_of(st.none(), st.sampled_from([["text"], ["text", "image"]])),
+    "tags": st.lists(st.sampled_from(["validated", "tool_capable", "vision", "cheap"]),
+                     max_size=3, unique=True),
+    "pricing": st.one_of(st.none(), st.fixed_dictionaries({
+        "input_per_mtok": st.floats(0, 20), "output_per_mtok": st.floats(0, 80)})),
+    "evaluation": st.one_of(st.none(), st.fixed_dictionaries({
+        "quality_score": st.floats(0, 1)})),
+}), min_size=1, max_size=5).filter(lambda ts: any(t["weight"] for t in ts))
+
+policies = st.fixed_dictionaries({
+    "min_observations": st.integers(0, 30),
+    "max_score_adjustment_percent": st.integers(0, 100),
+    "hard_filters": st.fixed_dictionaries({
+        "require_tool_support_when_tools_present": st.booleans(),
+        "require_input_modalities": st.booleans(),
+        "require_reasoning_support_when_requested": st.booleans()}),
+    "thresholds": st.fixed_dictionaries({"max_error_rate": st.floats(0, 1)}),
+    "score_terms": st.lists(st.fixed_dictionaries({
+        "name": st.sampled_from(["t1", "t2"]),
+        "expression": st.sampled_from([
+            "cost_score", "latency_score + throughput_score", "0.5 * reliability_score",
+            "eval_quality_score - cost_score", "max(cost_score, latency_score)"]),
+        "when": st.sampled_from([{}, {"complexity_lte": "standard"},
+                                 {"complexity_gte": "complex"}]),
+        "require_tags": st.sampled_from([[], ["validated"]])}), max_size=2),
+})
+
+requests = st.builds(
+    RequestSummary, group=st.just("g"), caller=st.just("c"),
+    dialect=st.sampled_from([Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES]),
+    has_tools=st.booleans(), has_images=st.booleans(),
+    reasoning=st.one_of(st.none(), st.just(Reasoning(effort="high"))),
+    max_tokens_cap=st.one_of(st.none(), st.integers(1, 20_000)),
+    prompt_chars=st.integers(0, 200_000),
+    prompt_sample=st.sampled_from(["hi", "```\ndef f(): pass\n```\ndiff --git a/x b/x"]),
+    spend_ceiling_usd=st.one_of(st.none(), st.floats(0.0001, 1.0)))
+
+observations = st.lists(st.builds(
+    TargetObservations, count=st.integers(0, 60),
+    p95_latency_ms=st.one_of(st.none(), st.floats(1, 20_000)),
+    output_tokens_per_s=st.one_of(st.none(), st.floats(1, 500)),
+    error_rate=st.floats(0, 0.2), timeout_rate=st.floats(0, 0.1),
+    fallback_rate=st.floats(0, 0.1)), min_size=5, max_size=5)
+
+
+def build(target_list, policy, strategy="dynamic_score"):
+    models = {"g": {"strategy": strategy, "routing_policy": {"dynamic_score": policy},
+                    "targets": [{"provider": "p", "model_ref": f"m{i}", **t}
+                                for i, t in enumerate(target_list)]},
+              "elsewhere": {"targets": [{"provider": "p", "model_ref": "outsider"}]}}
+    return load_config_data({"providers": PROVIDERS, "models": models})
+
+
+def snapshot_for(cfg, obs):
+    return ObservationSnapshot({f"p/m{i}": o for i, o in enumerate(obs)})
+
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(targets, policies, requests, observations,
+       st.sampled_from(["weighted", "failover", "dynamic_score"]))
+def test_chosen_targets_are_in_the_group_and_pass_every_gate(tl, policy, req, obs, strategy):
+    cfg = build(tl, policy, strategy)
+    group = cfg.models["g"]
+    outcome = Router(cfg).decide(req, snapshot_for(cfg, obs))
+    if not isinstance(outcome, Decision):
+        return
+    hard = group.dynamic_score.hard_filters if strategy == "dynamic_score" else None
+    for choice in outcome.ordered:
+        assert group.targets[choice.index] is choice.target   # never outside the group
+        dialects = cfg.target_dialects(choice.target)
+        for baseline, filter_ in PAIRS:
+            assert baseline(req, choice.target, dialects)
+            if hard is not None and getattr(hard, filter_.__name__):
+                assert filter_(req, choice.target, dialects)
+
+
+@FAST
+@given(targets, policies, requests, observations)
+def test_realised_shares_stay_inside_the_capped_band(tl, policy, req, obs):
+    cfg = build(tl, policy)
+    router = Router(cfg)
+    view = snapshot_for(cfg, obs)
+    first = router.decide(req, view)
+    if not isinstance(first, Decision):
+        return
+    counts = Counter({first.primary.label: 1})
+    for _ in range(999):
+        counts[router.decide(req, view).primary.label] += 1
+    a = policy["max_score_adjustment_percent"] / 100
+    rows = first.trace.candidates
+    warm_share = sum(r.weight_share for r in rows if r.warm)
+    for row in rows:
+        realised = counts[row.target]
+        if row.warm and first.trace.order == "blended_shares":
+            assert (1 - a) * row.weight_share * 1000 - 1.1 <= realised
+            assert realised <= ((1 - a) * row.weight_share + a * warm_share) * 1000 + 1.1
+        else:  # cold (or nothing to blend): exactly its weight share
+            assert abs(realised - row.weight_share * 1000) <= 1.1
+
+
+@FAST
+@given(targets, policies, st.lists(requests, min_size=1, max_size=20), observations)
+def test_same_inputs_same_decision_sequence(tl, policy, reqs, obs):
+    cfg = build(tl, policy)
+    view = snapshot_for(cfg, obs)
+    one, two = Router(cfg), Router(cfg)
+
+    def key(outcome):
+        if isinstance(outcome, Decision):
+            return [c.index for c in outcome.ordered], outcome.trace.to_dict()
+        return outcome.reason
+
+    assert [key(one.decide(r, view)) for r in reqs] == [key(two.decide(r, view)) for r in reqs]
+
+
+def test_spec_sample_still_routes() -> None:
+    from pathlib import Path
+    text = (Path(__file__).parent.parent.parent / "fixtures" / "spec_sample.yaml").read_text()
+    cfg = load_config_text(text)
+    outcome = Router(cfg).decide(RequestSummary("adaptive-agent", "c", Dialect.OPENAI_CHAT))
+    assert isinstance(outcome, Decision)

@@ -1,0 +1,78 @@
+"""`signals`: request_shape buckets, prompt_features (bounded scan) and complexity."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.config.policy import Complexity, PromptFeature, Signals
+from sidecar.routing.request import Reasoning
+from sidecar.routing.signals import complexity, detect_prompt_features, request_shape_buckets
+from tests.unit.routing.helpers import request
+
+ALL = Signals()
+
+SAMPLES = {
+    PromptFeature.CODE: "Why does this fail?\n```python\ndef f(x):\n    return x\n```",
+    PromptFeature.DIFF: "Review:\ndiff --git a/app.py b/app.py\n@@ -1,3 +1,4 @@\n-x\n+y",
+    PromptFeature.STACK_TRACE: 'Traceback (most recent call last):\n  File "a.py", line 3, in f\n'
+                               "ValueError: bad",
+    PromptFeature.SUMMARIZE: "Please summarize the meeting notes below.",
+    PromptFeature.EXTRACT: "Extract every invoice number and return JSON.",
+    PromptFeature.SECURITY_REVIEW: "Do a security review of this login handler for SQL injection.",
+    PromptFeature.TOOL_AGENT: "You are an autonomous agent. Use the search tool when unsure.",
+}
+
+
+@pytest.mark.parametrize(("feature", "text"), SAMPLES.items())
+def test_prompt_features_each_detected(feature: PromptFeature, text: str) -> None:
+    assert feature in detect_prompt_features(request(prompt_sample=text), ALL)
+
+
+def test_prompt_features_plain_chat_has_none() -> None:
+    assert detect_prompt_features(request(prompt_sample="Hi! How are you today?"), ALL) == set()
+
+
+def test_prompt_features_only_listed_and_only_when_enabled() -> None:
+    only_code = Signals.model_validate({"prompt_features": {"features": ["code"]}})
+    sample = SAMPLES[PromptFeature.DIFF] + "\n" + SAMPLES[PromptFeature.CODE]
+    assert detect_prompt_features(request(prompt_sample=sample), only_code) == {
+        PromptFeature.CODE}
+    off = Signals.model_validate({"prompt_features": {"enabled": False}})
+    assert detect_prompt_features(request(prompt_sample=sample), off) == set()
+
+
+def test_tool_agent_from_tools_present() -> None:
+    assert PromptFeature.TOOL_AGENT in detect_prompt_features(request(has_tools=True), ALL)
+
+
+def test_request_shape_buckets() -> None:
+    buckets = request_shape_buckets(request(stream=True, has_tools=True, tool_forced=True,
+                                            max_tokens_cap=1, prompt_chars=40_000))
+    assert buckets == {"dialect": "openai_chat", "stream": True, "tools": "forced",
+                       "images": False, "reasoning": False, "max_tokens_cap": "tiny",
+                       "input_size": "large"}
+
+
+@pytest.mark.parametrize(("shape", "features", "bucket", "points"), [
+    ({}, set(), Complexity.SIMPLE, 0),
+    ({"has_tools": True}, set(), Complexity.STANDARD, 1),
+    ({"prompt_chars": 8_000 * 4}, set(), Complexity.STANDARD, 2),
+    ({"has_images": True, "reasoning": Reasoning(effort="high")}, set(), Complexity.STANDARD, 2),
+    ({"max_tokens_cap": 20_000}, set(), Complexity.STANDARD, 2),
+    ({}, {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE},
+     Complexity.COMPLEX, 3),
+    ({}, {PromptFeature.SUMMARIZE, PromptFeature.EXTRACT}, Complexity.SIMPLE, 0),
+    ({"prompt_chars": 32_000 * 4}, set(), Complexity.COMPLEX, 3),
+])
+def test_complexity_buckets(shape, features, bucket, points) -> None:
+    result = complexity(request(**shape), frozenset(features), ALL)
+    assert (result.bucket, result.points) == (bucket, points)
+    assert result.score == min(1.0, points / 6)
+
+
+def test_complexity_without_request_shape_counts_features_only() -> None:
+    no_shape = Signals.model_validate({"request_shape": {"enabled": False}})
+    result = complexity(request(has_tools=True, prompt_chars=10**6), frozenset(), no_shape)
+    assert result.bucket is Complexity.SIMPLE
+    assert complexity(request(), frozenset(), Signals.model_validate(
+        {"complexity": {"enabled": False}})) is None

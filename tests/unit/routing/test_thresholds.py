@@ -1,0 +1,66 @@
+"""`thresholds`: only warm targets are judged; if all would go, the least bad stays."""
+
+from __future__ import annotations
+
+from tests.unit.routing.helpers import config, decide, excluded, request, snapshot, warm
+
+CFG = config("""
+  g:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: a, weight: 3}
+      - {provider: p, model_ref: b, weight: 1}
+    routing_policy:
+      dynamic_score:
+        min_observations: 20
+        thresholds: {max_error_rate: 0.03, max_timeout_rate: 0.02, max_p95_latency_ms: 10000}
+""")
+
+
+def served(obs) -> list[str]:
+    return [c.target.model_ref for c in decide(CFG, request(), obs).ordered]
+
+
+def test_max_error_rate() -> None:
+    decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.05), p__b=warm()))
+    assert [c.target.model_ref for c in decision.ordered] == ["b"]
+    assert excluded(decision) == {"p/a": "thresholds.max_error_rate"}
+
+
+def test_max_timeout_rate() -> None:
+    decision = decide(CFG, request(), snapshot(p__a=warm(), p__b=warm(timeout_rate=0.021)))
+    assert excluded(decision) == {"p/b": "thresholds.max_timeout_rate"}
+
+
+def test_max_p95_latency_ms() -> None:
+    decision = decide(CFG, request(), snapshot(p__a=warm(p95_latency_ms=12_000), p__b=warm()))
+    assert excluded(decision) == {"p/a": "thresholds.max_p95_latency_ms"}
+
+
+def test_limits_are_inclusive() -> None:
+    assert served(snapshot(p__a=warm(error_rate=0.03, timeout_rate=0.02,
+                                     p95_latency_ms=10_000))) == ["a", "b"]
+
+
+def test_cold_targets_are_never_judged() -> None:
+    obs = snapshot(p__a=warm(count=19, error_rate=0.9), p__b=warm())
+    assert sorted(served(obs)) == ["a", "b"]
+
+
+def test_all_failing_keeps_the_least_bad_and_marks_the_decision() -> None:
+    obs = snapshot(p__a=warm(error_rate=0.30), p__b=warm(error_rate=0.06))
+    decision = decide(CFG, request(), obs)
+    assert [c.target.model_ref for c in decision.ordered] == ["b"]
+    assert decision.trace.thresholds_relaxed is True
+    assert excluded(decision) == {"p/a": "thresholds.max_error_rate"}
+
+
+def test_least_bad_compares_ratio_to_the_limit_across_thresholds() -> None:
+    # a: latency 2× its limit; b: error rate 3× its limit → a is less bad.
+    obs = snapshot(p__a=warm(p95_latency_ms=20_000), p__b=warm(error_rate=0.09))
+    assert served(obs) == ["a"]
+
+
+def test_least_bad_tie_goes_to_the_heavier_target() -> None:
+    obs = snapshot(p__a=warm(error_rate=0.06), p__b=warm(error_rate=0.06))
+    assert served(obs) == ["a"]
