@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sidecar import __version__
+from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
 from sidecar.envoy_config.addresses import DEFAULT_CA_BUNDLE, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
@@ -39,11 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--demo-token", default="demo-caller-token",
                     help="caller token the demo configuration accepts")
     up.add_argument("--envoy-log-level", default="warning")
+    up.add_argument("--log-decisions", action="store_true",
+                    help="log one JSON line per routing decision (safe scalars only)")
 
     serve = commands.add_parser("serve", help="run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--listen", default=DEFAULT_EXT_PROC,
                        help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
+    serve.add_argument("--log-decisions", action="store_true",
+                       help="log one JSON line per routing decision (safe scalars only)")
 
     check = commands.add_parser("check-config", help="validate a configuration file")
     check.add_argument("file", type=Path)
@@ -56,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--ca-bundle", default=DEFAULT_CA_BUNDLE,
                         help="CA file Envoy uses to verify https providers")
     render.add_argument("--output", type=Path, help="write here instead of stdout")
+
+    explain = commands.add_parser(
+        "explain", help="show the routing decision for one request body, and why")
+    explain.add_argument("--config", type=Path, required=True)
+    explain.add_argument("--request", type=Path, required=True,
+                         help="JSON request body (its 'model' is the group)")
+    explain.add_argument("--api", choices=[d.value for d in Dialect], default="openai_chat",
+                         help="the caller's API dialect (default: openai_chat)")
+    explain.add_argument("--observations", type=Path,
+                         help="observation snapshot (JSON, see docs/dynamic-score.md)")
+    explain.add_argument("--caller", help="caller name, for its spend ceiling")
+    explain.add_argument("--format", choices=["table", "json"], default="table")
 
     providers = commands.add_parser("demo-providers", help="run only the demo providers")
     providers.add_argument("--listen", default="127.0.0.1:18080")
@@ -103,6 +120,7 @@ def _up(args: argparse.Namespace) -> int:
         demo_port=args.demo_port,
         demo_token=args.demo_token,
         envoy_log_level=args.envoy_log_level,
+        log_decisions=args.log_decisions,
     )
     try:
         return asyncio.run(run_stack(options))
@@ -119,7 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
     runtime = Runtime(config)
 
     async def serve() -> None:
-        server = await start_server(Gateway(runtime), args.listen)
+        server = await start_server(Gateway(runtime, log_decisions=args.log_decisions),
+                                    args.listen)
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s (%d model groups)", args.listen, len(config.models)
         )
@@ -157,6 +176,19 @@ def _render_envoy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from sidecar.explain import ExplainError, as_json, as_table, explain
+
+    config = load_config_file(args.config)
+    try:
+        outcome = explain(config, args.request, Dialect(args.api), args.observations, args.caller)
+    except ExplainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(as_json(outcome) if args.format == "json" else as_table(outcome))
+    return 0
+
+
 def _demo_providers(args: argparse.Namespace) -> int:
     import os
 
@@ -189,6 +221,7 @@ _COMMANDS = {
     "serve": _serve,
     "check-config": _check_config,
     "render-envoy": _render_envoy,
+    "explain": _explain,
     "demo-providers": _demo_providers,
     "demo-config": _demo_config,
 }

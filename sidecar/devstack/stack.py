@@ -45,6 +45,7 @@ class StackOptions:
     demo_port: int = demo.DEFAULT_DEMO_PORT
     demo_token: str = demo.DEFAULT_DEMO_TOKEN
     envoy_log_level: str = "warning"
+    log_decisions: bool = False
     ready_timeout_s: float = 30.0
 
 
@@ -157,7 +158,8 @@ async def run_stack(options: StackOptions) -> int:
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
     server = None
     try:
-        server = await start_server(Gateway(runtime), options.addresses.ext_proc)
+        gateway = Gateway(runtime, log_decisions=options.log_decisions)
+        server = await start_server(gateway, options.addresses.ext_proc)
         ready = asyncio.ensure_future(
             wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)

@@ -7,7 +7,6 @@ group and carries what routing needs. Every error is a `Reply` in the caller's d
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,13 +18,12 @@ from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import ROUTE_HEADER
+from sidecar.gateway.decision_log import log_decision
 from sidecar.gateway.outcome import Forward, Reply
 from sidecar.gateway.runtime import Runtime
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
-
-log = logging.getLogger("sidecar.decision")
 
 # Caller credentials and caller-scoped headers that must never reach a provider.
 CALLER_ONLY_HEADERS = (
@@ -49,9 +47,11 @@ class Pending:
 
 
 class Gateway:
-    def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT) -> None:
+    def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
+                 log_decisions: bool = False) -> None:
         self._runtime = runtime
         self._observations = observations
+        self._log_decisions = log_decisions
 
     @property
     def max_body_bytes(self) -> int:
@@ -105,7 +105,7 @@ class Gateway:
             return _error(errors.model_not_found(model), anthropic)
 
         group = self._runtime.config.models[model]
-        shape = request_shape(pending.dialect, payload, _scan_limit(group))
+        shape = request_shape(pending.dialect, payload, scan_limit(group))
         summary = RequestSummary(
             group=model,
             caller=pending.caller.name,
@@ -121,8 +121,9 @@ class Gateway:
             spend_ceiling_usd=pending.caller.spend_ceiling_usd,
         )
         decision = self._runtime.router.decide(summary, self._observations)
+        if self._log_decisions:
+            log_decision(decision, pending.caller.name)
         if isinstance(decision, NoEligibleTarget):
-            log.info("no eligible target group=%s %s", model, decision.trace.summary())
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         route = self._runtime.routes[(model, decision.primary.index, pending.dialect)]
@@ -139,9 +140,6 @@ class Gateway:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
         replaced = {name for name, _ in set_headers}
         remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("decision group=%s caller=%s target=%s %s", model,
-                      pending.caller.name, decision.primary.label, decision.trace.summary())
         return Forward(route.cluster, route.path, tuple(set_headers), remove, new_body, decision)
 
     def _models(self, caller: Caller, path: str, anthropic: bool) -> Reply:
@@ -154,7 +152,7 @@ class Gateway:
         return Reply(200, single_model(name, anthropic))
 
 
-def _scan_limit(group: ModelGroup) -> int:
+def scan_limit(group: ModelGroup) -> int:
     """How much prompt text the routing core may scan: only dynamic_score groups with the
     prompt_features signal on look at text at all."""
     if group.strategy != "dynamic_score":

@@ -28,7 +28,7 @@ from sidecar.routing.request import RequestSummary
 _FEATURE_PATTERNS: dict[PromptFeature, re.Pattern[str]] = {
     PromptFeature.CODE: re.compile(
         r"```|^\s*(def|class|import|from \S+ import|function|const|let|var|public|package|"
-        r"#include|fn|func)\b|[;{]\s*$",
+        r"#include|fn|func)\b|[;{]\s*$|^(?: {4}|\t)+[\w.\[\]'\"]+\s*(=|\()",
         re.MULTILINE),
     PromptFeature.DIFF: re.compile(r"^(diff --git |@@ -\d|--- a/|\+\+\+ b/)", re.MULTILINE),
     PromptFeature.STACK_TRACE: re.compile(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,19 @@ class Stack:
     def base_url(self) -> str:
         return self.up.base_url
 
+    def log_size(self) -> int:
+        assert self.up.log_path is not None
+        return self.up.log_path.stat().st_size
+
+    def decisions_since(self, offset: int) -> list[dict]:
+        """Decision records the sidecar logged after byte `offset` of its log."""
+        assert self.up.log_path is not None
+        with open(self.up.log_path, "rb") as log:
+            log.seek(offset)
+            lines = log.read().decode().splitlines()
+        return [json.loads(line.split(" sidecar.decision ", 1)[1])
+                for line in lines if " sidecar.decision " in line]
+
 
 def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: int) -> str:
     def provider(name: str, extra: str = "") -> str:
@@ -57,7 +71,8 @@ def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: in
         callers:
           - name: team-a
             token_sha256: {hashlib.sha256(TOKEN_A.encode()).hexdigest()}
-            models: [adaptive-agent, weighted-trio, claude-agent, drip-group, dead-group]
+            models: [adaptive-agent, weighted-trio, claude-agent, drip-group, dead-group,
+                     adaptive-agent-meta]
           - name: team-b
             token_env: TEST_TOKEN_B
             models: [private-group]
@@ -84,6 +99,25 @@ def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: in
         dead-group:
           targets:
             - {provider: dead, model_ref: unreachable}
+        adaptive-agent-meta:
+          strategy: dynamic_score
+          description: the SPEC group plus capability metadata
+          targets:
+            - provider: baseten
+              model_ref: gpt-oss-120b
+              weight: 60
+              tags: [validated, coding, tool_capable]
+              input_modalities: [text, image]
+            - provider: minimax
+              model_ref: m3
+              weight: 25
+              tags: [validated, low_cost, tool_capable]
+              honors_max_tokens: false
+            - provider: openai
+              model_ref: gpt-5.4-nano
+              weight: 5
+              tags: [fallback]
+              input_modalities: [text]
         """), "  ")
     )
 
@@ -101,7 +135,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env = {f"TEST_KEY_{name.upper()}": key for name, key in PROVIDER_KEYS.items()
                if name != "anthropic"}
         env["TEST_TOKEN_B"] = TOKEN_B
-        up = UpProcess(["--config", str(config_file)], env=env, log_path=workdir / "up.log")
+        up = UpProcess(["--config", str(config_file), "--log-decisions"], env=env,
+                       log_path=workdir / "up.log")
         try:
             up.start()
             yield Stack(up, providers)

@@ -28,6 +28,11 @@ def test_prompt_features_each_detected(feature: PromptFeature, text: str) -> Non
     assert feature in detect_prompt_features(request(prompt_sample=text), ALL)
 
 
+def test_code_detected_from_indented_statements() -> None:
+    sample = "It fails here:\n    order = orders[order_id]\n    process(order)\n"
+    assert PromptFeature.CODE in detect_prompt_features(request(prompt_sample=sample), ALL)
+
+
 def test_prompt_features_plain_chat_has_none() -> None:
     assert detect_prompt_features(request(prompt_sample="Hi! How are you today?"), ALL) == set()
 

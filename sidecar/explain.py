@@ -1,0 +1,115 @@
+"""`sidecar explain`: run one routing decision offline and show why each target won or lost.
+
+The same code path as live traffic (`request_shape` → `RequestSummary` → `Router.decide`),
+with observations from a snapshot file instead of the live store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sidecar.apis import Dialect
+from sidecar.config.models import SidecarConfig
+from sidecar.dialects.shape import request_shape
+from sidecar.gateway.handler import scan_limit
+from sidecar.routing.decision import Decision, NoEligibleTarget
+from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
+from sidecar.routing.request import RequestSummary
+from sidecar.routing.router import Router
+
+
+class ExplainError(Exception):
+    """The request or observation file cannot be used."""
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ExplainError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ExplainError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
+            observations_file: Path | None = None, caller: str | None = None
+            ) -> Decision | NoEligibleTarget:
+    payload = _read_json(request_file, "request")
+    if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+        raise ExplainError("the request must be a JSON object with a 'model' (group name)")
+    group_name = payload["model"]
+    if group_name not in config.models:
+        raise ExplainError(f"unknown model group '{group_name}' "
+                           f"(configured: {', '.join(config.models)})")
+    snapshot: ObservationSnapshot = EMPTY_SNAPSHOT
+    if observations_file is not None:
+        try:
+            snapshot = snapshot_from_dict(_read_json(observations_file, "observations"))
+        except ValueError as exc:
+            raise ExplainError(f"observations {observations_file}: {exc}") from None
+    ceiling = None
+    if caller is not None:
+        match = [c for c in config.callers if c.name == caller]
+        if not match:
+            raise ExplainError(f"unknown caller '{caller}'")
+        ceiling = match[0].spend_ceiling_usd
+    group = config.models[group_name]
+    shape = request_shape(dialect, payload, scan_limit(group))
+    summary = RequestSummary(
+        group=group_name, caller=caller or "explain", dialect=dialect, stream=shape.stream,
+        has_tools=shape.has_tools, tool_forced=shape.tool_forced, has_images=shape.has_images,
+        reasoning=shape.reasoning, max_tokens_cap=shape.max_tokens_cap,
+        prompt_chars=shape.prompt_chars, prompt_sample=shape.prompt_sample,
+        spend_ceiling_usd=ceiling,
+    )
+    return Router(config).decide(summary, snapshot)
+
+
+def as_json(outcome: Decision | NoEligibleTarget) -> str:
+    document: dict[str, Any] = {"group": outcome.group}
+    if isinstance(outcome, Decision):
+        document["primary"] = outcome.primary.label
+        document["fallbacks"] = [c.label for c in outcome.fallbacks]
+    else:
+        document["refused"] = outcome.reason
+    document["trace"] = outcome.trace.to_dict()
+    return json.dumps(document, indent=2)
+
+
+def as_table(outcome: Decision | NoEligibleTarget) -> str:
+    trace = outcome.trace
+    lines = [f"group: {outcome.group}   strategy: {trace.strategy}   "
+             f"candidates: {trace.candidate_count}"]
+    if isinstance(outcome, Decision):
+        lines.append(f"primary: {outcome.primary.label}")
+        lines.append("fallbacks: " + (", ".join(c.label for c in outcome.fallbacks) or "none"))
+    else:
+        lines.append(f"refused: {outcome.reason}")
+    details = {
+        "order": trace.order, "complexity": trace.complexity, "cold_start": trace.cold_start,
+        "score_terms": ", ".join(trace.score_terms) or None,
+        "prompt_features": ", ".join(trace.prompt_features) or None,
+        "request_shape": " ".join(f"{k}={v}" for k, v in trace.request_shape.items()) or None,
+        "thresholds_relaxed": trace.thresholds_relaxed or None,
+        "require_tags_relaxed": trace.require_tags_relaxed or None,
+        "reasoning": trace.reasoning,
+    }
+    lines += [f"{key}: {value}" for key, value in details.items() if value]
+    for target, stage in trace.exclusions:
+        lines.append(f"excluded: {target}  by {stage}")
+    if trace.candidates:
+        names = ["cost", "latency", "throughput", "reliability", "complexity", "eval_quality"]
+        header = ["target", "warm", "obs", *names, "term", "weight", "final"]
+        rows = [header]
+        for c in trace.candidates:
+            rows.append([c.target, "yes" if c.warm else "no", str(c.observations),
+                         *(f"{c.scores[n + '_score']:.3f}" if c.scores else "-" for n in names),
+                         "-" if c.term_value is None else f"{c.term_value:.3f}",
+                         f"{c.weight_share:.3f}", f"{c.final_share:.3f}"])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines.append("")
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                  for row in rows]
+    return "\n".join(lines)

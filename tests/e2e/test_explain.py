@@ -1,0 +1,64 @@
+"""`sidecar explain`: the offline view of one decision, as an operator runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+SPEC = Path(__file__).parent.parent / "fixtures" / "spec_sample.yaml"
+
+
+def explain(tmp_path: Path, body: dict, *extra: str) -> subprocess.CompletedProcess[str]:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(body))
+    return subprocess.run([sys.executable, "-m", "sidecar", "explain", "--config", str(SPEC),
+                           "--request", str(request), *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_explain_table_shows_winner_losers_and_scores(tmp_path: Path) -> None:
+    observations = tmp_path / "obs.json"
+    observations.write_text(json.dumps({"targets": {
+        "baseten/gpt-oss-120b": {"count": 50, "p95_latency_ms": 900},
+        "minimax/m3": {"count": 50, "p95_latency_ms": 300},
+        "openai/gpt-5.4-nano": {"count": 50, "error_rate": 0.2}}}))
+    result = explain(tmp_path, {"model": "adaptive-agent",
+                                "messages": [{"role": "user", "content": "hi"}]},
+                     "--observations", str(observations))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "strategy: dynamic_score" in out
+    assert "score_terms: cheapest_fast_enough" in out
+    assert "excluded: openai/gpt-5.4-nano  by thresholds.max_error_rate" in out
+    header = next(line for line in out.splitlines() if line.startswith("target"))
+    assert header.split() == ["target", "warm", "obs", "cost", "latency", "throughput",
+                              "reliability", "complexity", "eval_quality", "term", "weight",
+                              "final"]
+    minimax = next(line for line in out.splitlines() if line.startswith("minimax/m3"))
+    assert minimax.split()[4] == "1.000"  # fastest p95 → latency_score 1
+
+
+def test_explain_json_for_a_refusal(tmp_path: Path) -> None:
+    body = {"model": "adaptive-agent", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    result = explain(tmp_path, body, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert "image input needs a target that accepts images" in document["refused"]
+    stages = {e["stage"] for e in document["trace"]["exclusions"]}
+    assert stages == {"hard_filters.require_input_modalities"}
+
+
+def test_explain_reports_bad_inputs_clearly(tmp_path: Path) -> None:
+    result = explain(tmp_path, {"model": "nope"})
+    assert result.returncode == 2 and "unknown model group 'nope'" in result.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"targets": {"x": {"count": 1, "speed": 3}}}')
+    result = explain(tmp_path, {"model": "adaptive-agent", "messages": []},
+                     "--observations", str(bad))
+    assert result.returncode == 2 and "unknown figure(s) ['speed']" in result.stderr
