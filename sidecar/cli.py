@@ -12,13 +12,15 @@ from pathlib import Path
 from sidecar import __version__
 from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
-from sidecar.envoy_config.addresses import DEFAULT_CA_BUNDLE, EnvoyAddresses, split_host_port
+from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
 from sidecar.signals import until_stop_signal
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
 DEFAULT_ADMIN = "127.0.0.1:9901"
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+CA_HELP = "CA file for verifying https providers (default: the system trust store)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,14 +29,19 @@ def _parser() -> argparse.ArgumentParser:
         description="Envoy ext_proc sidecar that routes LLM model groups to provider targets.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="info", help="sidecar log level (default: info)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                        help="sidecar log level (default: info)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = commands.add_parser(
-        "up", help="run the embedded stack: sidecar + Envoy (+ demo providers without --config)"
-    )
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, parents=[common])
+
+    up = command("up",
+                 "run the embedded stack: sidecar + Envoy (+ demo providers without --config)")
     up.add_argument("--config", type=Path, help="routing configuration (default: the demo)")
     _address_flags(up)
+    up.add_argument("--ca-bundle", help=CA_HELP)
     up.add_argument("--demo-port", type=int, default=18080,
                     help="port of the demo providers (default: 18080; 0 picks a free port)")
     up.add_argument("--demo-token", default="demo-caller-token",
@@ -43,27 +50,25 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--log-decisions", action="store_true",
                     help="log one JSON line per routing decision (safe scalars only)")
 
-    serve = commands.add_parser("serve", help="run only the ext_proc gRPC server (containers)")
+    serve = command("serve", "run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
-    serve.add_argument("--listen", default=DEFAULT_EXT_PROC,
+    serve.add_argument("--listen", default=DEFAULT_EXT_PROC, type=host_port,
                        help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
     serve.add_argument("--log-decisions", action="store_true",
                        help="log one JSON line per routing decision (safe scalars only)")
 
-    check = commands.add_parser("check-config", help="validate a configuration file")
+    check = command("check-config", "validate a configuration file")
     check.add_argument("file", type=Path)
     check.add_argument("--secrets", action="store_true",
                        help="also check that every caller token and provider key can be read")
 
-    render = commands.add_parser("render-envoy", help="print the Envoy bootstrap for a config")
+    render = command("render-envoy", "print the Envoy bootstrap for a config")
     render.add_argument("--config", type=Path, required=True)
     _address_flags(render)
-    render.add_argument("--ca-bundle", default=DEFAULT_CA_BUNDLE,
-                        help="CA file Envoy uses to verify https providers")
+    render.add_argument("--ca-bundle", help=CA_HELP)
     render.add_argument("--output", type=Path, help="write here instead of stdout")
 
-    explain = commands.add_parser(
-        "explain", help="show the routing decision for one request body, and why")
+    explain = command("explain", "show the routing decision for one request body, and why")
     explain.add_argument("--config", type=Path, required=True)
     explain.add_argument("--request", type=Path, required=True,
                          help="JSON request body (its 'model' is the group)")
@@ -74,23 +79,32 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--caller", help="caller name, for its spend ceiling")
     explain.add_argument("--format", choices=["table", "json"], default="table")
 
-    providers = commands.add_parser("demo-providers", help="run only the demo providers")
-    providers.add_argument("--listen", default="127.0.0.1:18080")
+    providers = command("demo-providers", "run only the demo providers")
+    providers.add_argument("--listen", default="127.0.0.1:18080", type=host_port)
     providers.add_argument("--api-key-env", default="SIDECAR_DEMO_PROVIDER_KEY",
                            help="environment variable holding the key the providers require")
 
-    demo_config = commands.add_parser("demo-config", help="print the demo configuration")
+    demo_config = command("demo-config", "print the demo configuration")
     demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",
                              help="where the demo providers listen")
     return parser
 
 
+def host_port(value: str) -> str:
+    """argparse type: a host:port address."""
+    try:
+        split_host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def _address_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default=DEFAULT_LISTEN,
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, type=host_port,
                         help=f"Envoy listener for clients (default: {DEFAULT_LISTEN})")
-    parser.add_argument("--ext-proc", default=DEFAULT_EXT_PROC,
+    parser.add_argument("--ext-proc", default=DEFAULT_EXT_PROC, type=host_port,
                         help=f"sidecar gRPC address (default: {DEFAULT_EXT_PROC})")
-    parser.add_argument("--admin", default=DEFAULT_ADMIN,
+    parser.add_argument("--admin", default=DEFAULT_ADMIN, type=host_port,
                         help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
 
 
@@ -116,7 +130,8 @@ def _up(args: argparse.Namespace) -> int:
 
     options = StackOptions(
         config_path=args.config,
-        addresses=EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc),
+        addresses=EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
+                                 ca_bundle=args.ca_bundle),
         demo_port=args.demo_port,
         demo_token=args.demo_token,
         envoy_log_level=args.envoy_log_level,

@@ -6,6 +6,7 @@ allowed range, so ranges are checked here and phrased as "must be between A and 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -37,8 +38,20 @@ def _at_least(low: float):
 
 
 def _positive(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number greater than 0")
+    return value
+
+
+def _positive_int(value: int) -> int:
     if value <= 0:
         raise ValueError("must be greater than 0")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
     return value
 
 
@@ -46,11 +59,16 @@ def _fmt(number: float) -> str:
     return str(int(number)) if float(number).is_integer() else str(number)
 
 
-Percent = Annotated[float, AfterValidator(_between(0, 100))]
-Fraction = Annotated[float, AfterValidator(_between(0, 1))]
+Percent = Annotated[float, AfterValidator(_finite), AfterValidator(_between(0, 100))]
+Fraction = Annotated[float, AfterValidator(_finite), AfterValidator(_between(0, 1))]
+
+
+def bounded(low: float, high: float) -> AfterValidator:
+    """An upper and lower bound for one field (for example a timeout Envoy must accept)."""
+    return AfterValidator(_between(low, high))
 NonNegativeInt = Annotated[int, AfterValidator(_at_least(0))]
-NonNegativeFloat = Annotated[float, AfterValidator(_at_least(0))]
-PositiveInt = Annotated[int, AfterValidator(_positive)]
+NonNegativeFloat = Annotated[float, AfterValidator(_finite), AfterValidator(_at_least(0))]
+PositiveInt = Annotated[int, AfterValidator(_positive_int)]
 PositiveFloat = Annotated[float, AfterValidator(_positive)]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

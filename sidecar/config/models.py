@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -27,8 +27,10 @@ from sidecar.config.fields import (
     PositiveInt,
     Sha256Hex,
     StrictModel,
+    bounded,
 )
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
+from sidecar.envoy_contract import target_cluster_name
 
 
 class ConfigReferenceError(ValueError):
@@ -78,7 +80,7 @@ class Provider(StrictModel):
     dialects: list[Dialect] = Field(default_factory=lambda: [Dialect.OPENAI_CHAT], min_length=1)
     dialect_base_urls: dict[Dialect, str] = Field(default_factory=dict)
     credential: Credential | None = None
-    connect_timeout_seconds: PositiveFloat = 5.0
+    connect_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 300)] = 5.0
 
     @field_validator("base_url")
     @classmethod
@@ -201,9 +203,9 @@ class Caller(StrictModel):
 class Limits(StrictModel):
     """Request limits enforced by Envoy and the sidecar."""
 
-    max_request_body_bytes: PositiveInt = 32 * 1024 * 1024
-    request_timeout_seconds: PositiveFloat = 600.0
-    sidecar_message_timeout_ms: PositiveInt = 2000
+    max_request_body_bytes: Annotated[PositiveInt, bounded(1, 1024**3)] = 32 * 1024 * 1024
+    request_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 600.0
+    sidecar_message_timeout_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 2000
 
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
@@ -271,6 +273,16 @@ class SidecarConfig(StrictModel):
                 errors.append(ConfigReferenceError(
                     f"models.{group_name}.targets", "at least one target needs a weight above 0"
                 ))
+        clusters: dict[str, str] = {}
+        for group_name in self.models:
+            cluster = target_cluster_name(group_name, 0, "x")
+            if cluster in clusters:
+                errors.append(ConfigReferenceError(
+                    f"models.{group_name}",
+                    f"group names '{clusters[cluster]}' and '{group_name}' differ only in "
+                    "characters Envoy cluster names cannot hold (. : / @); rename one",
+                ))
+            clusters.setdefault(cluster, group_name)
         for index, caller in enumerate(self.callers):
             for group_name in caller.models:
                 if group_name != "*" and group_name not in self.models:

@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,10 +79,13 @@ async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout
                 f"Envoy exited with code {process.returncode} during start-up "
                 "(is the listener or admin port in use?)")
         with contextlib.suppress(OSError):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
             request = f"GET /ready HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
             writer.write(request.encode())
-            status = await reader.readline()
+            try:
+                status = await asyncio.wait_for(reader.readline(), 2)
+            except TimeoutError:
+                status = b""
             writer.close()
             if b" 200 " in status:
                 return
@@ -176,6 +180,7 @@ async def run_stack(options: StackOptions) -> int:
         return 0
     finally:
         _stop_process(envoy)
+        shutil.rmtree(workdir, ignore_errors=True)
         if server is not None:
             await server.stop(grace=1)
         if providers is not None:

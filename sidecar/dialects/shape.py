@@ -170,5 +170,5 @@ def _measure(turns: list[list[Any]], scan_limit: int) -> tuple[int, bool, str]:
                 budget -= len(piece) + 1
     sample = "\n".join(pieces)
     if len(sample) * 4 > scan_limit:  # non-ASCII text: enforce the limit in UTF-8 bytes
-        sample = sample.encode()[:scan_limit].decode("utf-8", "ignore")
+        sample = sample.encode("utf-8", "surrogatepass")[:scan_limit].decode("utf-8", "ignore")
     return total, images, sample

@@ -3,25 +3,44 @@ which only need addresses do not import the (slow) typed Envoy API classes."""
 
 from __future__ import annotations
 
+import os
+import ssl
 from dataclasses import dataclass
 
-DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Where common distributions keep the system CA bundle (Debian/Ubuntu, RHEL/Fedora, Alpine,
+# macOS, SUSE); OpenSSL's own default is tried first.
+_CA_CANDIDATES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/ca-bundle.pem",
+)
 
 
 @dataclass(frozen=True)
 class EnvoyAddresses:
-    """host:port strings for the client listener, Envoy admin and the sidecar."""
+    """host:port strings for the client listener, Envoy admin and the sidecar, and the CA file
+    for https providers (None: the system bundle, found by `find_ca_bundle`)."""
 
     listen: str = "127.0.0.1:10000"
     admin: str = "127.0.0.1:9901"
     ext_proc: str = "127.0.0.1:50051"
-    ca_bundle: str = DEFAULT_CA_BUNDLE
+    ca_bundle: str | None = None
 
 
-def split_host_port(address: str, default_port: int | None = None) -> tuple[str, int]:
+def find_ca_bundle() -> str:
+    """The system CA bundle Envoy should trust for https providers."""
+    default = ssl.get_default_verify_paths().cafile
+    for path in (default, *_CA_CANDIDATES):
+        if path and os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        "no system CA bundle found for https providers; pass --ca-bundle FILE")
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """Split ``host:port``; raise ValueError with a readable message otherwise."""
     host, sep, port = address.rpartition(":")
-    if not sep:
-        if default_port is None:
-            raise ValueError(f"address '{address}' needs a port (host:port)")
-        return address, default_port
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"'{address}' is not host:port (for example 127.0.0.1:10000)")
     return host.strip("[]"), int(port)

@@ -16,7 +16,8 @@ from sidecar.envoy_config.render import render_envoy_yaml
 
 COMPOSE_PROVIDERS_URL = "http://demo-providers:18080"
 COMPOSE_ADDRESSES = EnvoyAddresses(listen="0.0.0.0:10000", admin="0.0.0.0:9901",
-                                   ext_proc="sidecar:50051")
+                                   ext_proc="sidecar:50051",
+                                   ca_bundle="/etc/ssl/certs/ca-certificates.crt")
 SIDECAR_CONFIG = Path("envoy/compose/sidecar-config.yaml")
 ENVOY_CONFIG = Path("envoy/envoy-compose.yaml")
 

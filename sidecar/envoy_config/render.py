@@ -60,21 +60,25 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
     CertificateValidationContext,
     CommonTlsContext,
+    SubjectAltNameMatcher,
+    SubjectAltNameMatcherSanType,
     UpstreamTlsContext,
 )
 from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptions,
     HttpProtocolOptionsExplicitHttpConfig,
 )
+from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any
 
 from sidecar.config.models import SidecarConfig
-from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
 from sidecar.envoy_config.local_replies import local_reply_config
 from sidecar.envoy_contract import EXT_PROC_CLUSTER, ROUTE_HEADER, target_cluster_name
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+CLIENT_ADDRESS_HEADERS = ("x-forwarded-for", "x-envoy-external-address", "x-envoy-internal")
 
 
 def render_envoy_yaml(config: SidecarConfig, addresses: EnvoyAddresses) -> str:
@@ -158,7 +162,9 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         route_config=RouteConfiguration(
             name="model_groups",
             virtual_hosts=[VirtualHost(name="model_groups", domains=["*"], routes=[route])],
-            request_headers_to_remove=[ROUTE_HEADER],
+            # The routing header, and the caller's address (Envoy adds it as the edge):
+            # providers learn nothing about who called.
+            request_headers_to_remove=[ROUTE_HEADER, *CLIENT_ADDRESS_HEADERS],
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
@@ -212,7 +218,8 @@ def _ext_proc_cluster(address: str) -> Cluster:
     )
 
 
-def _target_cluster(name: str, base_url: str, connect_timeout: float, ca_bundle: str) -> Cluster:
+def _target_cluster(name: str, base_url: str, connect_timeout: float,
+                    ca_bundle: str | None) -> Cluster:
     parts = urlsplit(base_url)
     host = parts.hostname or ""
     tls = parts.scheme == "https"
@@ -230,14 +237,15 @@ def _target_cluster(name: str, base_url: str, connect_timeout: float, ca_bundle:
         typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
     )
     if tls:
-        context = UpstreamTlsContext(
-            sni=host,
-            common_tls_context=CommonTlsContext(
-                validation_context=CertificateValidationContext(
-                    trusted_ca=DataSource(filename=ca_bundle)
-                )
-            ),
+        # Verify the chain (system trust store unless a CA file is given) *and* that the
+        # certificate names this host: without a SAN matcher Envoy accepts any trusted cert.
+        validation = CertificateValidationContext(
+            match_typed_subject_alt_names=[SubjectAltNameMatcher(
+                san_type=SubjectAltNameMatcherSanType.DNS, matcher=StringMatcher(exact=host))],
         )
+        validation.trusted_ca = DataSource(filename=ca_bundle or find_ca_bundle())
+        context = UpstreamTlsContext(
+            sni=host, common_tls_context=CommonTlsContext(validation_context=validation))
         cluster.transport_socket = TransportSocket(
             name="envoy.transport_sockets.tls", typed_config=Any.pack(context)
         )

@@ -6,7 +6,6 @@ group and carries what routing needs. Every error is a `Reply` in the caller's d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from sidecar.apis import CALLER_PATHS, Dialect
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
+from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
@@ -89,11 +89,10 @@ class Gateway:
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
         try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return _error(ClientError(400, "Request body is not valid JSON"), anthropic)
-        if not isinstance(payload, dict):
-            return _error(ClientError(400, "Request body must be a JSON object"), anthropic)
+            parsed = parse_body(body)
+        except BodyError as exc:
+            return _error(ClientError(400, str(exc)), anthropic)
+        payload = parsed.payload
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             return _error(
@@ -127,8 +126,7 @@ class Gateway:
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         route = self._runtime.routes[(model, decision.primary.index, pending.dialect)]
-        payload["model"] = decision.primary.target.model_ref
-        new_body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        new_body = parsed.with_model(decision.primary.target.model_ref)
         set_headers = [
             (ROUTE_HEADER, route.cluster),
             (":path", route.path),

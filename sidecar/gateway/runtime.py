@@ -31,13 +31,13 @@ class TargetRoute:
 
 
 def credential_header(credential: Credential, dialect: Dialect, key: str) -> tuple[str, str]:
-    """The header that carries `key` upstream; defaults depend on the dialect."""
-    if credential.header is not None:
-        return credential.header, (credential.prefix or "") + key
-    if dialect.is_anthropic:
-        return "x-api-key", (credential.prefix or "") + key
-    prefix = "Bearer " if credential.prefix is None else credential.prefix
-    return "authorization", prefix + key
+    """The header that carries `key` upstream. Header default: `x-api-key` for Anthropic,
+    `authorization` otherwise; prefix default: `Bearer ` on `authorization`, else none."""
+    header = credential.header or ("x-api-key" if dialect.is_anthropic else "authorization")
+    prefix = credential.prefix
+    if prefix is None:
+        prefix = "Bearer " if header == "authorization" else ""
+    return header, prefix + key
 
 
 class Runtime:

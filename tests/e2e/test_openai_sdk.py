@@ -29,6 +29,7 @@ def assert_clean_upstream(request, provider: str, model_ref: str) -> None:
     assert request.json()["model"] == model_ref
     assert request.headers["authorization"] == f"Bearer {PROVIDER_KEYS[provider]}"
     assert "x-route-cluster" not in request.headers
+    assert "x-forwarded-for" not in request.headers  # the caller's address stays with us
     raw = repr(request.headers) + request.body.decode()
     for token in (TOKEN_A, TOKEN_B):
         assert token not in raw

@@ -8,6 +8,7 @@ import shlex
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import anthropic
 import openai
@@ -56,6 +57,7 @@ def test_demo_stack_serves_both_sdks_and_stops_cleanly(tmp_path) -> None:
             time.sleep(0.05)
         assert not pid_alive(envoy_pid), "Envoy outlived `sidecar up`"
         assert "stopped" in up.banner
+        assert not Path(up.banner_value(r"Envoy config: (\S+)")).exists()  # temp dir removed
     finally:
         up.kill()
 

@@ -129,6 +129,15 @@ INVALID = [
     ("models: {'bad group': {targets: [%s]}}" % GOOD_TARGET,
      "models: group name 'bad group' must start with a letter or digit"),
     ("models: [1, 2]", "models: must be a valid dictionary"),
+    ("models: {'a.b': {targets: [%s]}, 'a_b': {targets: [%s]}}" % (GOOD_TARGET, GOOD_TARGET),
+     "models.a_b: group names 'a.b' and 'a_b' differ only in characters"),
+    ("models: {g: {targets: [%s]}}\nlimits: {request_timeout_seconds: .inf}" % GOOD_TARGET,
+     "limits.request_timeout_seconds: must be a finite number greater than 0"),
+    ("models: {g: {targets: [%s]}}\nlimits: {sidecar_message_timeout_ms: 600000}"
+     % GOOD_TARGET, "limits.sidecar_message_timeout_ms: must be between 1 and 60000"),
+    ("models: {g: {targets: [{provider: openai, model_ref: m, "
+     "pricing: {input_per_mtok: .nan, output_per_mtok: 1}}]}}",
+     "models.g.targets[0].pricing.input_per_mtok: must be a finite number"),
     ("routes: {}", "models: is required"),
     ("models: {g: {targets: [%s]}}\nroutes: {}" % GOOD_TARGET,
      "routes: unknown key (allowed: callers, limits, models, providers)"),

@@ -83,5 +83,10 @@ def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
     for index, provider in enumerate(["baseten", "minimax", "openai"]):
         cluster = clusters[target_cluster_name("adaptive-agent", index, provider)]
         assert cluster.transport_socket.name == "envoy.transport_sockets.tls"
+        validation = cluster.transport_socket.typed_config.unpack().common_tls_context
+        names = validation.validation_context.match_typed_subject_alt_names
+        assert [(n.san_type.name, n.matcher.exact) for n in names] == [
+            ("DNS", cluster.load_assignment.endpoints[0].lb_endpoints[0].endpoint.hostname)]
+        assert validation.validation_context.trusted_ca.filename
     assert "sidecar_ext_proc" in clusters
     assert len(clusters) == 4

@@ -97,6 +97,32 @@ def test_a_pinned_api_limits_the_target_to_that_dialect(gateway: Gateway) -> Non
     assert status == 400 and "openai_responses" in body["error"]["message"]
 
 
+def test_lone_surrogate_is_forwarded_untouched_and_bad_json_is_400(gateway: Gateway) -> None:
+    pending = gateway.on_headers(headers("/v1/chat/completions"), end_of_stream=False)
+    raw = b'{"model":"g","messages":[{"role":"user","content":"\\ud83d"}]}'
+    outcome = gateway.on_body(pending, raw)
+    assert isinstance(outcome, Forward)
+    assert outcome.body == raw.replace(b'"g"', b'"real-model"')
+    deep = b'{"model":"g","x":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    for bad, message in ((b'{"model":"g","x":NaN}', "not valid JSON"), (deep, "nested")):
+        status, body = reply(gateway.on_body(pending, bad))
+        assert status == 400
+        assert message in body["error"]["message"]
+
+
+def test_explicit_authorization_header_still_gets_the_bearer_prefix() -> None:
+    from sidecar.apis import Dialect
+    from sidecar.config.models import Credential
+    from sidecar.gateway.runtime import credential_header
+
+    assert credential_header(Credential(env="K", header="authorization"),
+                             Dialect.OPENAI_CHAT, "k") == ("authorization", "Bearer k")
+    assert credential_header(Credential(env="K", header="api-key"),
+                             Dialect.OPENAI_CHAT, "k") == ("api-key", "k")
+    assert credential_header(Credential(env="K", header="authorization", prefix="Api-Key "),
+                             Dialect.OPENAI_CHAT, "k") == ("authorization", "Api-Key k")
+
+
 def test_keyless_provider_still_strips_the_caller_token(gateway: Gateway) -> None:
     outcome = forward(gateway, "/v1/chat/completions", {"model": "k"})
     assert {"authorization", "x-api-key"} <= set(outcome.remove_headers)
