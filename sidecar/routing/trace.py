@@ -11,6 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+def bucket(value: float) -> str:
+    """Coarse fifths for reports: `0.0-0.2` … `0.8-1.0` (values above 1 go to `>1.0`)."""
+    if value > 1.0:
+        return ">1.0"
+    index = min(4, max(0, int(value * 5)))
+    return f"{index / 5:.1f}-{(index + 1) / 5:.1f}"
+
+
 @dataclass
 class CandidateTrace:
     target: str
@@ -45,6 +53,10 @@ class DecisionTrace:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
+        for row, candidate in zip(data["candidates"], self.candidates, strict=True):
+            row["final_share_bucket"] = bucket(candidate.final_share)
+            row["term_value_bucket"] = (None if candidate.term_value is None
+                                        else bucket(candidate.term_value))
         return data
 
     def summary(self) -> str:

@@ -44,6 +44,8 @@ def test_worked_example_scores_and_shares() -> None:
     assert rows["p/a"].final_share == pytest.approx(0.420370)
     assert rows["p/b"].final_share == pytest.approx(0.524074)
     assert rows["p/c"].final_share == pytest.approx(0.055556)
+    buckets = {row["target"]: row["final_share_bucket"] for row in trace.to_dict()["candidates"]}
+    assert buckets == {"p/a": "0.4-0.6", "p/b": "0.4-0.6", "p/c": "0.0-0.2"}
 
 
 def test_worked_example_over_1000_decisions() -> None:
