@@ -12,6 +12,7 @@ from typing import Any
 
 from sidecar.apis import Dialect
 from sidecar.config.models import SidecarConfig
+from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.shape import request_shape
 from sidecar.gateway.handler import scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
@@ -29,15 +30,20 @@ def _read_json(path: Path, what: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ExplainError(f"cannot read {what} {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ExplainError(f"{what} {path} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError):
+        raise ExplainError(f"{what} {path} is not valid JSON") from None
 
 
 def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
             observations_file: Path | None = None, caller: str | None = None
             ) -> Decision | NoEligibleTarget:
-    payload = _read_json(request_file, "request")
-    if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+    try:
+        payload = parse_body(request_file.read_bytes()).payload
+    except OSError as exc:
+        raise ExplainError(f"cannot read request {request_file}: {exc.strerror}") from None
+    except BodyError as exc:
+        raise ExplainError(f"request {request_file}: {exc}") from None
+    if not isinstance(payload.get("model"), str):
         raise ExplainError("the request must be a JSON object with a 'model' (group name)")
     group_name = payload["model"]
     if group_name not in config.models:
@@ -81,7 +87,7 @@ def as_json(outcome: Decision | NoEligibleTarget) -> str:
 def as_table(outcome: Decision | NoEligibleTarget) -> str:
     trace = outcome.trace
     lines = [f"group: {outcome.group}   strategy: {trace.strategy}   "
-             f"candidates: {trace.candidate_count}"]
+             f"targets: {trace.target_count}   candidates: {trace.candidate_count}"]
     if isinstance(outcome, Decision):
         lines.append(f"primary: {outcome.primary.label}")
         lines.append("fallbacks: " + (", ".join(c.label for c in outcome.fallbacks) or "none"))

@@ -145,6 +145,8 @@ def _texts(items: list[Any]) -> Iterator[str | None]:
             yield item
         elif isinstance(item, dict):
             kind = item.get("type")
+            if not isinstance(kind, str):
+                continue
             if kind in _IMAGE_PARTS:
                 yield None
             elif kind in _TEXT_PARTS and isinstance(item.get("text"), str):

@@ -7,13 +7,15 @@ s_i ≥ 0 the warm target's score-term value:
     cold target:  share_i = w_i
     warm target:  share_i = (1 − a)·w_i + a·W·s_i / Σ_warm s_j
 
-Shares sum to 1. A warm target keeps at least (1 − a)·w_i and gets at most (1 − a)·w_i + a·W;
-a cold target keeps exactly w_i, so it is never starved. If Σ_warm s_j is 0 (or no score term
-applies) every target keeps w_i.
+Shares sum to 1. A warm target keeps at least (1 − a)·w_i and gets at most (1 − a)·w_i + a·W:
+scores redistribute at most a of the warm targets' combined traffic. A cold target keeps
+exactly w_i, so it is never starved. If Σ_warm s_j is 0 (or no score term applies, or a = 0)
+every target keeps w_i. Negative or non-finite term values count as 0.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -25,16 +27,24 @@ def weight_shares(weights: Sequence[int]) -> list[float]:
     return [w / total for w in weights]
 
 
+def usable_value(value: float | None) -> float:
+    """Term values below 0, or not finite, count as 0."""
+    if value is None or not math.isfinite(value):
+        return 0.0
+    return max(0.0, value)
+
+
 def blended_shares(shares: Sequence[float], warm: Sequence[bool],
-                   values: Sequence[float | None], adjustment: float) -> list[float]:
-    """`values[i]` is the warm target's score-term value (None when no term applies)."""
+                   values: Sequence[float | None], adjustment: float
+                   ) -> tuple[list[float], bool]:
+    """Final shares, and whether scores moved anything (False: the weights were kept).
+    `values[i]` is the warm target's score-term value (None when no term applies)."""
     warm_share = sum(s for s, hot in zip(shares, warm, strict=True) if hot)
-    term_values = [max(0.0, v or 0.0) if hot else 0.0
-                   for v, hot in zip(values, warm, strict=True)]
+    term_values = [usable_value(v) if hot else 0.0 for v, hot in zip(values, warm, strict=True)]
     total_value = sum(term_values)
-    if total_value <= 0 or warm_share <= 0 or all(v is None for v in values):
-        return list(shares)
+    if total_value <= 0 or warm_share <= 0 or adjustment <= 0:
+        return list(shares), False
     return [
         (1 - adjustment) * s + adjustment * warm_share * v / total_value if hot else s
         for s, hot, v in zip(shares, warm, term_values, strict=True)
-    ]
+    ], True

@@ -7,7 +7,7 @@ configuration key it implements and leaves its mark in the trace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.config.policy import DynamicScorePolicy, ScoreTerm
@@ -26,7 +26,7 @@ from sidecar.routing.signals import (
 )
 from sidecar.routing.thresholds import least_bad, threshold_violation
 from sidecar.routing.trace import CandidateTrace, DecisionTrace
-from sidecar.routing.weighted import SmoothWeightedRoundRobin
+from sidecar.routing.weighted import WeightedRotation
 
 _SIGNAL_NAMES = ("request_shape", "prompt_features", "complexity", "observed_performance",
                  "cost", "evaluation_metadata")
@@ -59,14 +59,12 @@ def dynamic_order(
     policy: DynamicScorePolicy,
     terms: Sequence[CompiledTerm],
     observations: ObservationView,
-    rotation: SmoothWeightedRoundRobin,
+    rotation_for: Callable[[tuple[int, ...]], WeightedRotation],
     trace: DecisionTrace,
 ) -> list[TargetChoice]:
     window = policy.observation_window_seconds
     observed = {c.index: observations.get(c.label, window) for c in eligible}
     warm = {c.index: observed[c.index].count >= policy.min_observations for c in eligible}
-
-    eligible = _apply_thresholds(eligible, policy, observed, warm, trace)
 
     signals = policy.signals
     trace.signals = tuple(n for n in _SIGNAL_NAMES if getattr(signals, n).enabled)
@@ -79,7 +77,11 @@ def dynamic_order(
 
     matching = [t for t in terms if t.applies(bucket)]
     trace.score_terms = tuple(t.term.name for t in matching)
+    # Quality floors (require_tags) before health: if thresholds must relax, they relax
+    # among the targets the floor allows, never across it.
     eligible = _apply_require_tags(eligible, matching, trace)
+    eligible = _apply_thresholds(eligible, policy, observed, warm, trace)
+    trace.candidate_count = len(eligible)
 
     candidates = [
         Candidate(c.target, observed[c.index], warm[c.index],
@@ -94,16 +96,18 @@ def dynamic_order(
               for s, h in zip(scores, hot, strict=True)]
     shares = weight_shares([c.target.weight for c in eligible])
     trace.cold_start = ("all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed")
-    final = blended_shares(shares, hot, values, policy.max_score_adjustment_percent / 100)
+    final, blended = blended_shares(shares, hot, values,
+                                    policy.max_score_adjustment_percent / 100)
     trace.candidates = [
         CandidateTrace(c.label, round(share, 6), warm[c.index], observed[c.index].count,
                        {k: round(v, 6) for k, v in s.items()},
                        None if value is None else round(value, 6), round(f, 6))
         for c, share, s, value, f in zip(eligible, shares, scores, values, final, strict=True)
     ]
-    trace.order = "blended_shares" if any(hot) and matching else "weight_shares"
+    trace.order = "blended_shares" if blended else "weight_shares"
 
-    picked = rotation.pick([c.index for c in eligible], final)
+    picked = rotation_for(tuple(c.index for c in eligible)).pick(
+        [c.index for c in eligible], final)
     by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
     primary = next(c for c in eligible if c.index == picked)
     return [primary, *(c for _, c in by_share if c.index != picked)]

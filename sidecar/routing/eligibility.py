@@ -1,10 +1,13 @@
 """Request eligibility, shared by every strategy, and the dynamic-score hard filters.
 
 Each rule is a small function named after what it enforces; it returns True when the target
-may serve the request. The baseline rules tolerate unknown capability metadata (`None`); the
-hard filters with the same subject demand it be declared. When a dynamic-score group enables
-a hard filter, exclusions are reported under the hard filter's config key; otherwise the
-baseline still applies and is reported as `eligibility.<rule>`.
+may serve the request. As the SPEC has it, image and reasoning requests need matching
+*declared* metadata (unknown is not enough), while a tool request needs compatible tool
+passthrough, which only a declared `supports_tools: false` rules out. The hard filters are
+the policy-declared versions; `require_tool_support_when_tools_present` is the one that is
+stricter than its baseline (it wants tool support declared). When a dynamic-score group
+enables a hard filter, its exclusions are reported under the filter's config key; otherwise
+the baseline rule applies and is reported as `eligibility.<rule>`.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ def tool_passthrough(request: RequestSummary, target: Target, _: Sequence[Dialec
 
 
 def image_modality(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
-    return not request.has_images or accepts_images(target) is not False
+    return not request.has_images or accepts_images(target) is True
 
 
 def reasoning_metadata(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
-    return not request.reasoning_requested or reasoning_support(target) is not False
+    return not request.reasoning_requested or reasoning_support(target) is True
 
 
 def honors_max_tokens(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:

@@ -32,6 +32,7 @@ SCORE_NAMES: tuple[str, ...] = (
 FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max}
 
 Evaluator = Callable[[Mapping[str, float]], float]
+MAX_LITERAL = 1e6
 
 
 class ExpressionError(ValueError):
@@ -126,6 +127,10 @@ class _Parser:
         if token.kind == "number":
             self.take()
             value = float(token.text)
+            if not abs(value) <= MAX_LITERAL:
+                raise ExpressionError(
+                    f"number {token.text} at column {token.position} is out of range "
+                    f"(at most {MAX_LITERAL:g} in size)")
             return lambda scores: value
         if token.kind == "name":
             self.take()

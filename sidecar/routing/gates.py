@@ -18,16 +18,17 @@ from sidecar.routing.trace import DecisionTrace
 SPEND_CEILING = "spend_ceiling"
 
 # Caller-facing words for each stage (no target names: they are the operator's business).
-_WHY = {
-    "api_skin": "none speaks the {dialect} API",
-    "tool": "tool use needs a target with tool support",
-    "modalit": "image input needs a target that accepts images",
-    "image": "image input needs a target that accepts images",
-    "max_tokens": "an explicit max-token cap needs a target that honors it",
-    "reasoning": "reasoning/thinking needs a target with reasoning support",
-    "contract": "the group's contract excludes the rest",
-    SPEND_CEILING: "the estimated cost exceeds your spend ceiling",
-}
+# Checked in order; the first fragment found in the stage name decides.
+_WHY = (
+    ("contract.", "the group's contract excludes the rest"),
+    ("api_skin", "none speaks the {dialect} API"),
+    ("tool", "tool use needs a target with tool support"),
+    ("modalit", "image input needs a target that accepts images"),
+    ("image", "image input needs a target that accepts images"),
+    ("max_tokens", "an explicit max-token cap needs a target that honors it"),
+    ("reasoning", "reasoning/thinking needs a target with reasoning support"),
+    (SPEND_CEILING, "the estimated cost exceeds your spend ceiling"),
+)
 
 
 def output_budget(request: RequestSummary) -> int:
@@ -65,7 +66,7 @@ def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
     """Why nothing is left, in words a caller can act on."""
     reasons: list[str] = []
     for _, stage in trace.exclusions:
-        for fragment, words in _WHY.items():
+        for fragment, words in _WHY:
             if fragment in stage:
                 text = words.format(dialect=request.dialect.value)
                 if text not in reasons:

@@ -15,6 +15,7 @@ Every figure is optional except `count`; rates are fractions in [0, 1].
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ class ObservationSnapshot:
 
 EMPTY_SNAPSHOT = ObservationSnapshot({})
 _FIELDS = {f.name for f in fields(TargetObservations)}
+_RATES = ("error_rate", "timeout_rate", "fallback_rate")
 
 
 class SnapshotFormatError(ValueError):
@@ -68,12 +70,24 @@ def snapshot_from_dict(document: Any) -> ObservationSnapshot:
         unknown = set(figures) - _FIELDS
         if unknown:
             raise SnapshotFormatError(f"targets.{key}: unknown figure(s) {sorted(unknown)}")
-        try:
-            targets[key] = TargetObservations(**{
-                name: (int(value) if name == "count" else
-                       None if value is None else float(value))
-                for name, value in figures.items()
-            })
-        except (TypeError, ValueError):
-            raise SnapshotFormatError(f"targets.{key}: figures must be numbers") from None
+        targets[key] = TargetObservations(**{
+            name: _figure(f"targets.{key}.{name}", name, value)
+            for name, value in figures.items()
+        })
     return ObservationSnapshot(targets)
+
+
+def _figure(path: str, name: str, value: Any) -> float | int | None:
+    if value is None and name not in ("count", *_RATES):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SnapshotFormatError(f"{path}: must be a finite number")
+    if value < 0:
+        raise SnapshotFormatError(f"{path}: must not be negative")
+    if name in _RATES and value > 1:
+        raise SnapshotFormatError(f"{path}: a rate must be between 0 and 1")
+    if name == "count":
+        if value != int(value):
+            raise SnapshotFormatError(f"{path}: must be a whole number")
+        return int(value)
+    return float(value)

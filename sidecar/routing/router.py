@@ -1,8 +1,8 @@
 """The routing core: a request summary and the observation state in, a decision with its
 reasons out.
 
-Pure: no gRPC, no Envoy types, no I/O. The only state of its own is each group's
-smooth-weighted-round-robin position, so a decision is reproducible from configuration,
+Pure: no gRPC, no Envoy types, no I/O. The only state of its own is the weighted-rotation
+position per group and candidate set, so a decision is reproducible from configuration,
 observation state, that position and the request.
 """
 
@@ -15,14 +15,16 @@ from sidecar.routing.gates import passing_targets, refusal_reason
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.trace import CandidateTrace, DecisionTrace
-from sidecar.routing.weighted import SmoothWeightedRoundRobin
+from sidecar.routing.weighted import WeightedRotation
 
 
 class Router:
     def __init__(self, config: SidecarConfig) -> None:
         self._config = config
-        self._rotations = {name: SmoothWeightedRoundRobin(len(group.targets))
-                           for name, group in config.models.items()}
+        # One rotation per (group, candidate set): requests that can use the same targets
+        # share a rotation, so each class of request gets exactly its mix. At most 2^targets
+        # sets per group, created on first use.
+        self._rotations: dict[tuple[str, tuple[int, ...]], WeightedRotation] = {}
         self._terms: dict[str, tuple[CompiledTerm, ...]] = {
             name: compile_terms(group.dynamic_score)
             for name, group in config.models.items() if group.strategy == "dynamic_score"
@@ -31,35 +33,45 @@ class Router:
     def decide(self, request: RequestSummary,
                observations: ObservationView = EMPTY_SNAPSHOT) -> Decision | NoEligibleTarget:
         group = self._config.models[request.group]
-        trace = DecisionTrace(strategy=group.strategy, candidate_count=len(group.targets))
+        trace = DecisionTrace(strategy=group.strategy, target_count=len(group.targets))
         if request.reasoning is not None:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}
         eligible = passing_targets(request, group, self._config.target_dialects, trace)
+        trace.candidate_count = len(eligible)
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         if group.strategy == "failover":
             trace.order = "declared"
             ordered = eligible
         elif group.strategy == "dynamic_score":
-            ordered = dynamic_order(request, eligible, group.dynamic_score,
-                                    self._terms[request.group], observations,
-                                    self._rotations[request.group], trace)
+            ordered = dynamic_order(
+                request, eligible, group.dynamic_score, self._terms[request.group],
+                observations, lambda indices: self._rotation(request.group, indices), trace)
         else:
             ordered = self._weighted_order(request.group, group, eligible, trace)
         return Decision(request.group, group.strategy, tuple(ordered), trace)
 
+    def _rotation(self, group: str, indices: tuple[int, ...]) -> WeightedRotation:
+        key = (group, indices)
+        rotation = self._rotations.get(key)
+        if rotation is None:
+            rotation = self._rotations[key] = WeightedRotation(
+                len(self._config.models[group].targets))
+        return rotation
+
     def _weighted_order(self, name: str, group: ModelGroup, eligible: list[TargetChoice],
                         trace: DecisionTrace) -> list[TargetChoice]:
-        """Primary by smooth weighted round-robin; fallbacks by descending weight, then
-        declared order, so the fallback order is stable and favours the declared mix."""
-        trace.order = "smooth_weighted_round_robin"
+        """Primary by the weighted rotation; fallbacks by descending weight, then declared
+        order, so the fallback order is stable and favours the declared mix."""
+        trace.order = "weighted_rotation"
         weights = [c.target.weight for c in eligible]
         total = sum(weights) or 1
         trace.candidates = [CandidateTrace(c.label, round(c.target.weight / total, 6),
                                            final_share=round(c.target.weight / total, 6))
                             for c in eligible]
-        primary_index = self._rotations[name].pick([c.index for c in eligible], weights)
+        indices = tuple(c.index for c in eligible)
+        primary_index = self._rotation(name, indices).pick(indices, weights)
         primary = next(c for c in eligible if c.index == primary_index)
         rest = sorted((c for c in eligible if c.index != primary_index),
                       key=lambda c: (-c.target.weight, c.index))

@@ -19,32 +19,12 @@ Complexity points (the bucket is `simple` at 0, `standard` at 1–2, `complex` a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sidecar.config.policy import Complexity, PromptFeature, Signals
+from sidecar.routing.prompt_features import detect
 from sidecar.routing.request import RequestSummary
 
-_FEATURE_PATTERNS: dict[PromptFeature, re.Pattern[str]] = {
-    PromptFeature.CODE: re.compile(
-        r"```|^\s*(def|class|import|from \S+ import|function|const|let|var|public|package|"
-        r"#include|fn|func)\b|[;{]\s*$|^(?: {4}|\t)+[\w.\[\]'\"]+\s*(=|\()",
-        re.MULTILINE),
-    PromptFeature.DIFF: re.compile(r"^(diff --git |@@ -\d|--- a/|\+\+\+ b/)", re.MULTILINE),
-    PromptFeature.STACK_TRACE: re.compile(
-        r"Traceback \(most recent call last\)|^\s+at [\w.$<>]+\(|Exception in thread|"
-        r"^panic: |goroutine \d+ \[|File \"[^\"]+\", line \d+|\w+(Error|Exception): ",
-        re.MULTILINE),
-    PromptFeature.SUMMARIZE: re.compile(r"\b(summari[sz]e|summary|tl;?dr|condense)\b", re.I),
-    PromptFeature.EXTRACT: re.compile(
-        r"\b(extract|pull out|parse (the|this)|return (only )?(the )?json)\b", re.I),
-    PromptFeature.SECURITY_REVIEW: re.compile(
-        r"\b(security review|vulnerabilit\w*|CVE-\d{4}|exploit\w*|threat model|"
-        r"(sql|command) injection|xss|csrf)\b", re.I),
-    PromptFeature.TOOL_AGENT: re.compile(
-        r"\b(use the \w+ tool|call the \w+ (tool|function)|you are an? (autonomous )?agent|"
-        r"available tools)\b", re.I),
-}
 _HEAVY_FEATURES = {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE,
                    PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT}
 
@@ -53,8 +33,7 @@ def detect_prompt_features(request: RequestSummary, signals: Signals) -> frozens
     config = signals.prompt_features
     if not config.enabled:
         return frozenset()
-    sample = request.prompt_sample
-    found = {feature for feature in config.features if _FEATURE_PATTERNS[feature].search(sample)}
+    found = detect(request.prompt_sample, config.features)
     if PromptFeature.TOOL_AGENT in config.features and request.has_tools:
         found.add(PromptFeature.TOOL_AGENT)
     return frozenset(found)

@@ -33,7 +33,8 @@ class CandidateTrace:
 @dataclass
 class DecisionTrace:
     strategy: str
-    candidate_count: int
+    target_count: int
+    candidate_count: int = 0
     order: str = ""
     exclusions: list[tuple[str, str]] = field(default_factory=list)
     signals: tuple[str, ...] = ()
@@ -61,7 +62,8 @@ class DecisionTrace:
 
     def summary(self) -> str:
         """One log line: stages and buckets, no numbers beyond counts."""
-        parts = [f"strategy={self.strategy}", f"candidates={self.candidate_count}",
+        parts = [f"strategy={self.strategy}", f"targets={self.target_count}",
+                 f"candidates={self.candidate_count}",
                  f"order={self.order}"]
         if self.complexity:
             parts.append(f"complexity={self.complexity}")

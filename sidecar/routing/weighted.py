@@ -1,35 +1,58 @@
-"""Smooth weighted round-robin: exact weight proportions, evenly interleaved, deterministic.
+"""Deterministic weighted rotation with every target within one request of its share.
 
-With constant weights, over any run of picks the count of each candidate stays within one of
-its proportional share, and the sequence depends only on the weights and the pick count, so a
-group's traffic mix is reproducible from configuration (and observation state) alone.
-Weights may change between picks (dynamic_score blends them per request); the accumulated
-position carries over, which keeps the realised mix close to the weights in force.
+This is Tijdeman's solution to the "chairman assignment problem" (1980): with k candidates
+and σ = 1 − 1/(2k − 2), a candidate's next turn becomes *available* once its entitlement
+exceeds its count by 1 − σ, and among available candidates the one whose turn is due soonest
+(entitlement would exceed count by σ first) goes next. For constant shares λ_i this keeps
+|count_i − n·λ_i| ≤ 1 − 1/(2k − 2) < 1 after every decision n, which the smooth weighted
+round-robin of Nginx does not (its error can exceed one request).
+
+State is one *deficit* per target: entitlement minus picks, in units of decisions. Shares
+may change between decisions (dynamic_score blends them per request) and the candidate set
+may differ (eligibility): a target that is not a candidate neither earns nor spends. With
+integer weights over a full cycle of sum(weights) decisions the mix is exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+_DIGITS = 12
+_TIE = 1e-9
 
-class SmoothWeightedRoundRobin:
-    """Per-group rotation state over target indices (the Nginx smooth round-robin)."""
 
-    __slots__ = ("_current",)
+class WeightedRotation:
+    """Per-group rotation state over target indices."""
+
+    __slots__ = ("_deficit",)
 
     def __init__(self, size: int) -> None:
-        self._current = [0.0] * size
+        self._deficit = [0.0] * size
 
     def pick(self, candidates: Sequence[int], weights: Sequence[float]) -> int:
-        """Pick one of `candidates` (target indices) given their `weights` (same order).
-        When every weight is zero the first candidate is picked and the state is unchanged."""
+        """Pick one of `candidates` (target indices) given their `weights` (same order, any
+        scale). When every weight is zero the first candidate is picked, state unchanged."""
         total = sum(weights)
         if total <= 0:
             return candidates[0]
+        k = len(candidates)
+        sigma = 1.0 - 1.0 / (2 * k - 2) if k > 1 else 0.0
         best = -1
+        best_key = 0.0
+        fallback = -1
+        fallback_key = 0.0
         for index, weight in zip(candidates, weights, strict=True):
-            self._current[index] += weight
-            if best < 0 or self._current[index] > self._current[best]:
-                best = index
-        self._current[best] -= total
-        return best
+            if weight <= 0:
+                continue
+            share = weight / total
+            # Rounded so that rational shares return exactly to zero after a full cycle and
+            # float noise never decides a tie (ties go to the earlier target).
+            deficit = self._deficit[index] = round(self._deficit[index] + share, _DIGITS)
+            due = (sigma - deficit) / share  # decisions until this turn is late
+            if fallback < 0 or due < fallback_key - _TIE:
+                fallback, fallback_key = index, due
+            if deficit >= 1.0 - sigma - _TIE and (best < 0 or due < best_key - _TIE):
+                best, best_key = index, due
+        chosen = best if best >= 0 else fallback
+        self._deficit[chosen] = round(self._deficit[chosen] - 1.0, _DIGITS)
+        return chosen

@@ -62,3 +62,21 @@ def test_explain_reports_bad_inputs_clearly(tmp_path: Path) -> None:
     result = explain(tmp_path, {"model": "adaptive-agent", "messages": []},
                      "--observations", str(bad))
     assert result.returncode == 2 and "unknown figure(s) ['speed']" in result.stderr
+
+
+def test_explain_rejects_out_of_range_figures_and_deep_requests(tmp_path: Path) -> None:
+    for figures, message in (({"count": 1e400}, "must be a finite number"),
+                             ({"count": 5, "error_rate": -5}, "must not be negative"),
+                             ({"count": 5, "timeout_rate": 2}, "between 0 and 1"),
+                             ({"count": 2.5}, "whole number")):
+        bad = tmp_path / "obs.json"
+        bad.write_text(json.dumps({"targets": {"p/m": figures}}).replace("Infinity", "1e400"))
+        result = explain(tmp_path, {"model": "adaptive-agent", "messages": []},
+                         "--observations", str(bad))
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"model": "adaptive-agent", "x": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    result = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--config", str(SPEC),
+                             "--request", str(deep)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "nested too deeply" in result.stderr

@@ -1,4 +1,4 @@
-"""Smooth weighted round-robin through real Envoy: 90 requests, weights 60/25/5."""
+"""The weighted rotation through real Envoy: 90 requests, weights 60/25/5."""
 
 from __future__ import annotations
 

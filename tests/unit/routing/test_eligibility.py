@@ -1,6 +1,5 @@
 """Request eligibility (every strategy) and the dynamic-score `hard_filters`, one test per
-rule, named after its config key. Unknown capability metadata passes the baseline rule and
-fails the hard filter."""
+rule, named after its config key."""
 
 from __future__ import annotations
 
@@ -32,34 +31,22 @@ def served(cfg, **shape) -> set[str]:
     return {c.target.model_ref for c in decide(cfg, request(**shape)).ordered}
 
 
-CASES = [
-    ("tools", {"has_tools": True}, "tool_passthrough", "require_tool_support_when_tools_present"),
-    ("images", {"has_images": True}, "image_modality", "require_input_modalities"),
-    ("reasoning", {"reasoning": Reasoning(effort="high")}, "reasoning_metadata",
-     "require_reasoning_support_when_requested"),
-]
-
-
-@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
-def test_baseline_excludes_only_declared_incapability(name, shape, baseline, hard) -> None:
-    decision = decide(WEIGHTED, request(**shape))
+def test_tool_passthrough_baseline_excludes_only_declared_no_support() -> None:
+    decision = decide(WEIGHTED, request(has_tools=True))
     assert {c.target.model_ref for c in decision.ordered} == {"declared", "unknown"}
-    assert excluded(decision)["p/denied"] == f"eligibility.{baseline}"
+    assert excluded(decision)["p/denied"] == "eligibility.tool_passthrough"
 
 
-@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
-def test_hard_filter_also_excludes_unknown_metadata(name, shape, baseline, hard) -> None:
-    decision = decide(dynamic(**{hard: True}), request(**shape))
+def test_require_tool_support_when_tools_present_also_excludes_unknown() -> None:
+    decision = decide(dynamic(require_tool_support_when_tools_present=True),
+                      request(has_tools=True))
     assert {c.target.model_ref for c in decision.ordered} == {"declared"}
-    assert excluded(decision)["p/unknown"] == f"hard_filters.{hard}"
-    assert excluded(decision)["p/denied"] == f"hard_filters.{hard}"
-
-
-@pytest.mark.parametrize(("name", "shape", "baseline", "hard"), CASES)
-def test_turning_a_hard_filter_off_falls_back_to_the_baseline(name, shape, baseline, hard):
-    decision = decide(dynamic(**{hard: False}), request(**shape))
-    assert {c.target.model_ref for c in decision.ordered} == {"declared", "unknown"}
-    assert excluded(decision)["p/denied"] == f"eligibility.{baseline}"
+    stage = "hard_filters.require_tool_support_when_tools_present"
+    assert excluded(decision)["p/unknown"] == excluded(decision)["p/denied"] == stage
+    # Turned off, the baseline still applies: only the declared refusal is excluded.
+    off = decide(dynamic(require_tool_support_when_tools_present=False), request(has_tools=True))
+    assert excluded(off)["p/denied"] == "eligibility.tool_passthrough"
+    assert "p/unknown" not in excluded(off)
 
 
 def test_require_tool_support_tag_shorthand() -> None:
@@ -72,6 +59,29 @@ def test_require_tool_support_tag_shorthand() -> None:
 """)
     assert served(cfg, has_tools=True) == {"tagged"}
     assert served(cfg, has_tools=False) == {"tagged", "untagged"}
+
+
+@pytest.mark.parametrize(("shape", "baseline", "hard"), [
+    ({"has_images": True}, "eligibility.image_modality", "require_input_modalities"),
+    ({"reasoning": Reasoning(effort="high")}, "eligibility.reasoning_metadata",
+     "require_reasoning_support_when_requested"),
+])
+def test_image_and_reasoning_need_declared_metadata_in_every_strategy(shape, baseline, hard):
+    for cfg, stage in ((WEIGHTED, baseline), (dynamic(**{hard: False}), baseline),
+                       (dynamic(**{hard: True}), f"hard_filters.{hard}")):
+        decision = decide(cfg, request(**shape))
+        assert {c.target.model_ref for c in decision.ordered} == {"declared"}
+        assert excluded(decision)["p/unknown"] == excluded(decision)["p/denied"] == stage
+
+
+def test_require_input_modalities_vision_tag() -> None:
+    cfg = config("""
+  g:
+    targets:
+      - {provider: p, model_ref: seeing, tags: [vision]}
+      - {provider: p, model_ref: blind}
+""")
+    assert served(cfg, has_images=True) == {"seeing"}
 
 
 @pytest.mark.parametrize("cap", [1, 64])
@@ -98,10 +108,19 @@ def test_refusal_explains_every_reason_in_caller_words() -> None:
     cfg = config("""
   g:
     targets:
-      - {provider: p, model_ref: x, supports_tools: false}
+      - {provider: p, model_ref: x, supports_tools: false, input_modalities: [text, image]}
       - {provider: p, model_ref: y, input_modalities: [text]}
 """)
     outcome = refuse(cfg, request(has_tools=True, has_images=True))
     assert outcome.reason == (
         "No target of model group 'g' can serve this request: tool use needs a target with "
         "tool support; image input needs a target that accepts images.")
+
+
+def test_a_contract_refusal_is_not_mistaken_for_an_image_one() -> None:
+    cfg = config("""
+  g:
+    contract: {require_input_modalities: [image]}
+    targets: [{provider: p, model_ref: x, input_modalities: [text]}]
+""")
+    assert refuse(cfg, request()).reason.endswith("the group's contract excludes the rest.")

@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 from sidecar.apis import Dialect
 from sidecar.config import load_config_text
 from sidecar.config.loading import load_config_data
+from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import Decision
 from sidecar.routing.eligibility import PAIRS
+from sidecar.routing.gates import output_budget
 from sidecar.routing.observations import ObservationSnapshot, TargetObservations
 from sidecar.routing.request import Reasoning, RequestSummary
 from sidecar.routing.router import Router
+from sidecar.routing.scores import estimated_cost_usd
 
 PROVIDERS = {"p": {"base_url": "http://127.0.0.1:9/v1",
                    "dialects": ["openai_chat", "anthropic_messages"]}}
@@ -32,7 +35,13 @@ targets = st.lists(st.fixed_dictionaries({
         "input_per_mtok": st.floats(0, 20), "output_per_mtok": st.floats(0, 80)})),
     "evaluation": st.one_of(st.none(), st.fixed_dictionaries({
         "quality_score": st.floats(0, 1)})),
+    "context_window": st.one_of(st.none(), st.sampled_from([8_000, 128_000])),
 }), min_size=1, max_size=5).filter(lambda ts: any(t["weight"] for t in ts))
+contracts = st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+    "require_tags": st.sampled_from([["validated"], ["cheap"]]),
+    "min_context_window": st.just(32_000),
+    "min_eval_quality_score": st.floats(0, 1),
+}))
 
 policies = st.fixed_dictionaries({
     "min_observations": st.integers(0, 30),
@@ -70,8 +79,9 @@ observations = st.lists(st.builds(
     fallback_rate=st.floats(0, 0.1)), min_size=5, max_size=5)
 
 
-def build(target_list, policy, strategy="dynamic_score"):
+def build(target_list, policy, strategy="dynamic_score", contract=None):
     models = {"g": {"strategy": strategy, "routing_policy": {"dynamic_score": policy},
+                    "contract": contract,
                     "targets": [{"provider": "p", "model_ref": f"m{i}", **t}
                                 for i, t in enumerate(target_list)]},
               "elsewhere": {"targets": [{"provider": "p", "model_ref": "outsider"}]}}
@@ -87,9 +97,10 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 @FAST
 @given(targets, policies, requests, observations,
-       st.sampled_from(["weighted", "failover", "dynamic_score"]))
-def test_chosen_targets_are_in_the_group_and_pass_every_gate(tl, policy, req, obs, strategy):
-    cfg = build(tl, policy, strategy)
+       st.sampled_from(["weighted", "failover", "dynamic_score"]), contracts)
+def test_chosen_targets_are_in_the_group_and_pass_every_gate(tl, policy, req, obs, strategy,
+                                                             contract):
+    cfg = build(tl, policy, strategy, contract)
     group = cfg.models["g"]
     outcome = Router(cfg).decide(req, snapshot_for(cfg, obs))
     if not isinstance(outcome, Decision):
@@ -102,6 +113,12 @@ def test_chosen_targets_are_in_the_group_and_pass_every_gate(tl, policy, req, ob
             assert baseline(req, choice.target, dialects)
             if hard is not None and getattr(hard, filter_.__name__):
                 assert filter_(req, choice.target, dialects)
+        if group.contract is not None:
+            assert contract_violation(group.contract, choice.target) is None
+        if req.spend_ceiling_usd is not None:
+            cost = estimated_cost_usd(choice.target, req.estimated_input_tokens,
+                                      output_budget(req))
+            assert cost is None or cost <= req.spend_ceiling_usd
 
 
 @FAST
@@ -118,14 +135,45 @@ def test_realised_shares_stay_inside_the_capped_band(tl, policy, req, obs):
         counts[router.decide(req, view).primary.label] += 1
     a = policy["max_score_adjustment_percent"] / 100
     rows = first.trace.candidates
-    warm_share = sum(r.weight_share for r in rows if r.warm)
+    # Weight shares recomputed from the configuration, not taken from the trace.
+    weights = {f"p/m{i}": t["weight"] for i, t in enumerate(tl)}
+    total = sum(weights[r.target] for r in rows)
+    share = {r.target: (weights[r.target] / total if total else 1 / len(rows)) for r in rows}
+    warm_share = sum(share[r.target] for r in rows if r.warm)
+    assert sum(counts.values()) == 1000 and set(counts) <= set(share)
     for row in rows:
         realised = counts[row.target]
         if row.warm and first.trace.order == "blended_shares":
-            assert (1 - a) * row.weight_share * 1000 - 1.1 <= realised
-            assert realised <= ((1 - a) * row.weight_share + a * warm_share) * 1000 + 1.1
+            assert (1 - a) * share[row.target] * 1000 - 1.0 <= realised
+            assert realised <= ((1 - a) * share[row.target] + a * warm_share) * 1000 + 1.0
         else:  # cold (or nothing to blend): exactly its weight share
-            assert abs(realised - row.weight_share * 1000) <= 1.1
+            assert abs(realised - share[row.target] * 1000) <= 1.0
+
+
+@FAST
+@given(targets, policies, st.lists(requests, min_size=2, max_size=6), observations)
+def test_each_request_class_keeps_its_own_mix_when_classes_interleave(tl, policy, reqs, obs):
+    """Different kinds of request (different candidate sets) interleaved: each kind still
+    gets its own cold-start mix within one request."""
+    cfg = build(tl, policy)
+    view = snapshot_for(cfg, obs)
+    router = Router(cfg)
+    per_class: dict[tuple, Counter] = {}
+    firsts: dict[tuple, Decision] = {}
+    for _ in range(200):
+        for req in reqs:
+            outcome = router.decide(req, view)
+            if not isinstance(outcome, Decision):
+                continue
+            key = tuple(sorted(r.target for r in outcome.trace.candidates))
+            firsts.setdefault(key, outcome)
+            if firsts[key].trace.candidates != outcome.trace.candidates:
+                return  # same candidates but different shares (other terms): not one class
+            per_class.setdefault(key, Counter())[outcome.primary.label] += 1
+    for key, counts in per_class.items():
+        n = sum(counts.values())
+        for row in firsts[key].trace.candidates:
+            assert abs(counts[row.target] - n * row.final_share) <= 1.0 + n * 1e-6
 
 
 @FAST

@@ -36,7 +36,7 @@ def test_weighted_targets_of_another_dialect_are_excluded_and_traced() -> None:
     decision = decide(CFG, request("mixed"))
     assert {c.target.model_ref for c in decision.ordered} == {"a", "c"}
     assert excluded(decision) == {"anth-only/b": "eligibility.api_skin"}
-    assert decision.trace.order == "smooth_weighted_round_robin"
+    assert decision.trace.order == "weighted_rotation"
 
 
 def test_weighted_fallback_order_is_by_weight_then_declared_order() -> None:

@@ -1,0 +1,67 @@
+"""The `prompt_features` signal: cheap markers for what a prompt is about.
+
+This runs on every dynamic-score request, over up to `max_scan_bytes` of text, so it uses
+only substring search on a lower-cased copy (C speed, linear) — no backtracking regular
+expressions, which on long single-word input turn quadratic. Markers are heuristics, tuned
+to say "this looks like a code/debug task" without reading the prompt for meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sidecar.config.policy import PromptFeature
+
+
+def _any(*markers: str) -> Callable[[str], bool]:
+    return lambda lowered: any(marker in lowered for marker in markers)
+
+
+def _named_error(lowered: str) -> bool:
+    """`SomethingError: ` / `SomeException: `: a marker right after a letter."""
+    for marker in ("error: ", "exception: "):
+        start = lowered.find(marker)
+        while start > 0:
+            if lowered[start - 1].isalpha():
+                return True
+            start = lowered.find(marker, start + 1)
+    return False
+
+
+def _indented_statement(lowered: str) -> bool:
+    """An indented line that assigns or calls (`    x = f(y)`): pasted code."""
+    for indent in ("\n    ", "\n\t"):
+        start = lowered.find(indent)
+        while start >= 0:
+            line_end = lowered.find("\n", start + 1)
+            line = lowered[start + 1:line_end if line_end >= 0 else len(lowered)].strip()
+            head = line.split(" ", 1)[0]
+            if head and (" = " in line[:80] or "(" in head) and head[0].isalpha():
+                return True
+            start = lowered.find(indent, start + 1)
+    return False
+
+
+# Each marker costs one linear scan (about 0.5 µs per KB of sample), so the lists are short.
+_CODE_MARKERS = _any("```", "\ndef ", "\nclass ", "import ", "#include", "function ", "};",
+                     "return ")
+_STACK_MARKERS = _any("traceback (most", "exception in thread", "\n\tat ", "\n    at ",
+                      "goroutine ", '", line ')
+
+_DETECTORS: dict[PromptFeature, Callable[[str], bool]] = {
+    PromptFeature.CODE: lambda s: _CODE_MARKERS(s) or _indented_statement(s),
+    PromptFeature.DIFF: _any("diff --git ", "\n@@ -"),
+    PromptFeature.STACK_TRACE: lambda s: _STACK_MARKERS(s) or _named_error(s),
+    PromptFeature.SUMMARIZE: _any("summar", "tl;dr", "condense"),
+    PromptFeature.EXTRACT: _any("extract", "pull out"),
+    PromptFeature.SECURITY_REVIEW: _any("vulnerab", "cve-", "exploit", "injection",
+                                        "security review", "threat model"),
+    PromptFeature.TOOL_AGENT: _any("available tools", "use the tool", "you are an agent",
+                                   "autonomous agent"),
+}
+
+
+def detect(sample: str, features: list[PromptFeature]) -> set[PromptFeature]:
+    # A leading newline lets line-start markers ("\ndef ") match on the first line too.
+    lowered = "\n" + sample.lower()
+    return {feature for feature in features if _DETECTORS[feature](lowered)}
