@@ -187,7 +187,8 @@ def main() -> int:
 
     lines = ["## Sidecar CPU per routed request (in-process, upb messages)", "",
              "| body | µs per request |", "| --- | --- |"]
-    for label, size, rounds in [("1 KB", 1024, 3000), ("1 MB", 1024 * 1024, 100)]:
+    for label, size, rounds in [("1 KB", 1024, 3000), ("16 KB", 16384, 1000),
+                                ("1 MB", 1024 * 1024, 100)]:
         lines.append(f"| {label} | {in_process_cost(chat_body(size), rounds):.0f} |")
     results = end_to_end(args.requests, chat_body(1024))
     lines += ["", f"## Latency at concurrency 1, 1 KB body, {args.requests} requests", "",
