@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from sidecar import __version__
 from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
-from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
 from sidecar.signals import until_stop_signal
 
@@ -49,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--envoy-log-level", default="warning")
     up.add_argument("--log-decisions", action="store_true",
                     help="log one JSON line per routing decision (safe scalars only)")
+    up.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                    help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
@@ -56,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
     serve.add_argument("--log-decisions", action="store_true",
                        help="log one JSON line per routing decision (safe scalars only)")
+    serve.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                       help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+
+    observations = command("observations",
+                           "show each target's observation window from a running sidecar")
+    observations.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                              help=f"the sidecar's admin endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    observations.add_argument("--window", type=int, help="seconds (default: the longest)")
+    observations.add_argument("--format", choices=["table", "json"], default="table")
 
     check = command("check-config", "validate a configuration file")
     check.add_argument("file", type=Path)
@@ -123,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # unreadable answers from a running sidecar, and the like
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -136,6 +151,7 @@ def _up(args: argparse.Namespace) -> int:
         demo_token=args.demo_token,
         envoy_log_level=args.envoy_log_level,
         log_decisions=args.log_decisions,
+        admin_http=args.admin_http,
     )
     try:
         return asyncio.run(run_stack(options))
@@ -145,22 +161,30 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from sidecar.extproc.server import start_server
-    from sidecar.gateway import Gateway, Runtime
+    from sidecar.gateway import Runtime
+    from sidecar.service import start_sidecar
 
     config = load_config_file(args.config)
     runtime = Runtime(config)
 
     async def serve() -> None:
-        server = await start_server(Gateway(runtime, log_decisions=args.log_decisions),
-                                    args.listen)
+        sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
+                                      args.log_decisions)
         logging.getLogger("sidecar").info(
-            "ext_proc listening on %s (%d model groups)", args.listen, len(config.models)
-        )
+            "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
+            sidecar.admin.host, sidecar.admin.port, len(config.models))
         await until_stop_signal()
-        await server.stop(grace=2)
+        await sidecar.stop()
 
     asyncio.run(serve())
+    return 0
+
+
+def _observations(args: argparse.Namespace) -> int:
+    from sidecar.observations_cli import fetch_observations, render_table
+
+    document = fetch_observations(args.admin_http, args.window)
+    print(json.dumps(document, indent=2) if args.format == "json" else render_table(document))
     return 0
 
 
@@ -237,6 +261,7 @@ _COMMANDS = {
     "check-config": _check_config,
     "render-envoy": _render_envoy,
     "explain": _explain,
+    "observations": _observations,
     "demo-providers": _demo_providers,
     "demo-config": _demo_config,
 }

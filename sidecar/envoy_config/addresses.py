@@ -7,6 +7,8 @@ import os
 import ssl
 from dataclasses import dataclass
 
+DEFAULT_ADMIN_HTTP = "127.0.0.1:50052"  # the sidecar's own admin endpoint
+
 # Where common distributions keep the system CA bundle (Debian/Ubuntu, RHEL/Fedora, Alpine,
 # macOS, SUSE); OpenSSL's own default is tried first.
 _CA_CANDIDATES = (

@@ -75,6 +75,7 @@ from envoy_data_plane.google.protobuf import Any
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
 from sidecar.envoy_config.local_replies import local_reply_config
+from sidecar.envoy_config.observation_filters import access_log, usage_filters
 from sidecar.envoy_contract import EXT_PROC_CLUSTER, ROUTE_HEADER, target_cluster_name
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -126,6 +127,7 @@ def _is_ip(host: str) -> bool:
 
 def _listener(config: SidecarConfig, listen: str) -> Listener:
     limits = config.limits
+    observe = config.observations
     ext_proc = ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -168,8 +170,10 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
+            *(usage_filters() if observe.enabled else []),
             HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(Router())),
         ],
+        access_log=[access_log(observe.flush_interval_ms)] if observe.enabled else [],
     )
     return Listener(
         name="model_groups",

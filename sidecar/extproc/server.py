@@ -1,21 +1,25 @@
-"""The gRPC server: ext_proc plus the standard gRPC health service on one port."""
+"""The gRPC server: ext_proc, the access-log receiver for observations, and the standard gRPC
+health service, all on one port."""
 
 from __future__ import annotations
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway
+from sidecar.observe.access_log import AccessLogReceiver
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Headroom over the body itself for headers and protobuf framing.
 _MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
 
-async def start_server(gateway: Gateway, address: str) -> grpc.aio.Server:
+async def start_server(gateway: Gateway, address: str,
+                       access_logs: AccessLogReceiver | None = None) -> grpc.aio.Server:
     """Start serving on `address` (host:port); raise OSError if the port cannot be bound.
 
     gRPC's 4 MiB default message limit would reject large buffered bodies, so the limit
@@ -29,6 +33,8 @@ async def start_server(gateway: Gateway, address: str) -> grpc.aio.Server:
         ]
     )
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(gateway), server)
+    if access_logs is not None:
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_logs, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:

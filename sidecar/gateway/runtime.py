@@ -85,5 +85,15 @@ class Runtime:
                         cluster=cluster, path=base_path + dialect.endpoint, credential=header
                     )
 
+    @property
+    def cluster_targets(self) -> dict[str, str]:
+        """Envoy cluster name → ``provider/model_ref``, for reading access logs."""
+        return {
+            target_cluster_name(group_name, index, target.provider):
+                f"{target.provider}/{target.model_ref}"
+            for group_name, group in self.config.models.items()
+            for index, target in enumerate(group.targets)
+        }
+
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

@@ -1,0 +1,77 @@
+"""The sidecar's admin HTTP endpoint (loopback by default): a read-only window on its state.
+
+- `GET /observations[?window=SECONDS]`: every target's window figures, in the snapshot
+  format `sidecar explain --observations` reads, plus the outcome counts.
+- `GET /healthz`: `ok`.
+
+A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import asdict
+from urllib.parse import parse_qs, urlsplit
+
+from sidecar.observe.store import ObservationStore
+
+
+def observations_document(store: ObservationStore, window_seconds: int) -> dict[str, object]:
+    targets: dict[str, object] = {}
+    for target in store.targets():
+        summary = store.summary(target, window_seconds)
+        targets[target] = {**asdict(summary.figures), "outcomes": summary.outcomes}
+    return {"window_seconds": window_seconds, "targets": targets}
+
+
+class AdminServer:
+    def __init__(self, store: ObservationStore, host: str, port: int) -> None:
+        self._store = store
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            status, body = self._route(line.decode("latin-1"))
+            payload = json.dumps(body).encode()
+            writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
+                         .encode() + payload)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+
+    def _route(self, request_line: str) -> tuple[str, object]:
+        parts = request_line.split(" ")
+        if len(parts) < 2 or parts[0] != "GET":
+            return "405 Method Not Allowed", {"error": "only GET is served"}
+        url = urlsplit(parts[1])
+        if url.path == "/healthz":
+            return "200 OK", "ok"
+        if url.path == "/observations":
+            window = self._store.retention_seconds
+            values = parse_qs(url.query).get("window")
+            if values:
+                if not values[0].isdigit() or int(values[0]) <= 0:
+                    return "400 Bad Request", {"error": "window must be a positive integer"}
+                window = int(values[0])
+            return "200 OK", observations_document(self._store, window)
+        return "404 Not Found", {"error": "try /observations or /healthz"}

@@ -1,0 +1,40 @@
+"""`sidecar observations`: read a running sidecar's admin endpoint and print the windows."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+_COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "output_tokens_per_s", "error_rate",
+            "timeout_rate", "fallback_rate")
+
+
+def fetch_observations(admin_http: str, window: int | None) -> dict[str, Any]:
+    url = f"http://{admin_http}/observations" + (f"?window={window}" if window else "")
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # loopback admin endpoint
+            return json.loads(response.read())
+    except OSError as exc:
+        raise OSError(f"cannot reach the sidecar admin endpoint at {admin_http}: {exc}") from None
+
+
+def render_table(document: dict[str, Any]) -> str:
+    lines = [f"window: {document['window_seconds']} s"]
+    targets = document.get("targets", {})
+    if not targets:
+        return lines[0] + "\nno observations yet"
+    rows = [["target", *_COLUMNS, "outcomes"]]
+    for name, figures in targets.items():
+        cells = [name]
+        for column in _COLUMNS:
+            value = figures.get(column)
+            cells.append("-" if value is None else
+                         f"{value:.3f}" if isinstance(value, float) else str(value))
+        outcomes = figures.get("outcomes", {})
+        cells.append(" ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-")
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    return "\n".join(lines)

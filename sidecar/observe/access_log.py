@@ -1,0 +1,102 @@
+"""Turn Envoy gRPC access-log entries into observations, and receive them.
+
+This is the Envoy adapter of the observe package: it knows `HTTPAccessLogEntry` (upb
+messages from xds-protos); the store behind it does not. Entries arrive after the response
+is finished, in batches (`observations.flush_interval_ms`), on the sidecar's gRPC port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+
+from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
+from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.store import ObservationStore
+
+log = logging.getLogger("sidecar.observe")
+
+
+def _ms(duration) -> float | None:  # google.protobuf.Duration, unset when not reached
+    if duration.seconds == 0 and duration.nanos == 0:
+        return None
+    return duration.seconds * 1000 + duration.nanos / 1e6
+
+
+def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
+    """The classification table of docs/observations.md, first match wins."""
+    if flags.downstream_connection_termination or flags.downstream_remote_reset:
+        return Outcome.CLIENT_CANCEL
+    if (flags.upstream_request_timeout or flags.stream_idle_timeout
+            or flags.upstream_max_stream_duration_reached or flags.duration_timeout):
+        return Outcome.UPSTREAM_TIMEOUT
+    if (flags.upstream_connection_failure or flags.no_healthy_upstream
+            or flags.dns_resolution_failure or flags.upstream_overflow):
+        return Outcome.CONNECT_FAILURE
+    if flags.upstream_protocol_error:
+        return Outcome.DECODE_ERROR
+    if flags.upstream_remote_reset or flags.upstream_connection_termination or flags.local_reset:
+        return Outcome.RESET
+    if status == 429:
+        return Outcome.RATE_LIMITED
+    if status >= 500:
+        return Outcome.SERVER_ERROR
+    if status >= 400:
+        return Outcome.CLIENT_ERROR
+    return Outcome.OK
+
+
+def observation_of(entry: al.HTTPAccessLogEntry,
+                   targets: Mapping[str, str]) -> Observation | None:
+    """`targets` maps cluster names to ``provider/model_ref``. Entries not served by one of
+    them (the sidecar's own replies, cache hits, other routes) are not observations."""
+    common = entry.common_properties
+    target = targets.get(common.upstream_cluster)
+    if target is None or common.response_flags.response_from_cache_filter:
+        return None
+    status = entry.response.response_code.value
+    first_tx = _ms(common.time_to_first_upstream_tx_byte)
+    last_rx = _ms(common.time_to_last_upstream_rx_byte)
+    tokens = None
+    usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
+    if usage is not None and USAGE_KEY in usage.fields:
+        tokens = int(usage.fields[USAGE_KEY].number_value)
+    return Observation(
+        target=target,
+        outcome=outcome_of(common.response_flags, status),
+        latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
+        ttfb_ms=_ms(common.time_to_first_upstream_rx_byte),
+        upstream_ms=(last_rx - (first_tx or 0.0)) if last_rx is not None else None,
+        output_tokens=tokens,
+        fell_back=common.upstream_request_attempt_count > 1,
+    )
+
+
+class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
+    def __init__(self, store: ObservationStore, targets: Mapping[str, str]) -> None:
+        self._store = store
+        self._targets = targets
+
+    async def StreamAccessLogs(
+        self,
+        request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> als_pb2.StreamAccessLogsResponse:
+        try:
+            async for message in request_iterator:
+                for entry in message.http_logs.log_entry:
+                    try:
+                        observation = observation_of(entry, self._targets)
+                    except Exception:  # one odd entry must not end the stream
+                        log.exception("unreadable access-log entry skipped")
+                        continue
+                    if observation is not None:
+                        self._store.record(observation)
+        except asyncio.CancelledError:
+            pass
+        return als_pb2.StreamAccessLogsResponse()

@@ -1,0 +1,50 @@
+"""One observation: what happened to one request at one target, as safe scalars."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """How a request ended at its target (the classification table of docs/observations.md)."""
+
+    OK = "ok"
+    RATE_LIMITED = "rate_limited"          # HTTP 429
+    SERVER_ERROR = "server_error"          # HTTP 5xx (529 overload included)
+    CLIENT_ERROR = "client_error"          # other HTTP 4xx: the request, not the target
+    CONNECT_FAILURE = "connect_failure"    # no connection / no healthy upstream
+    RESET = "reset"                        # upstream reset or terminated the stream
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # route or per-try timeout, stream idle timeout
+    DECODE_ERROR = "decode_error"          # upstream protocol error
+    CLIENT_CANCEL = "client_cancel"        # the caller went away first
+
+    @property
+    def is_error(self) -> bool:
+        """Counts against the target's error rate (timeouts have their own rate)."""
+        return self in _ERRORS
+
+    @property
+    def is_timeout(self) -> bool:
+        return self is Outcome.UPSTREAM_TIMEOUT
+
+
+_ERRORS = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_FAILURE,
+                     Outcome.RESET, Outcome.DECODE_ERROR})
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    target: str                      # provider/model_ref
+    outcome: Outcome
+    latency_ms: float | None = None  # request start → last byte to the client
+    ttfb_ms: float | None = None     # request start → first byte from the upstream
+    upstream_ms: float | None = None  # first byte to the upstream → last byte from it
+    output_tokens: int | None = None  # from the usage the provider reported
+    fell_back: bool = False          # served after more than one attempt
+
+    @property
+    def output_tokens_per_s(self) -> float | None:
+        if not self.output_tokens or not self.upstream_ms or self.upstream_ms <= 0:
+            return None
+        return self.output_tokens / (self.upstream_ms / 1000)

@@ -1,0 +1,52 @@
+"""Assemble a running sidecar: routing runtime, observation store, gRPC server (ext_proc,
+access logs, health) and the admin HTTP endpoint. Used by `sidecar serve` and `sidecar up`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from sidecar.admin import AdminServer
+from sidecar.config.models import SidecarConfig
+from sidecar.envoy_config.addresses import split_host_port
+from sidecar.extproc.server import start_server
+from sidecar.gateway import Gateway, Runtime
+from sidecar.observe.access_log import AccessLogReceiver
+from sidecar.observe.store import ObservationStore
+
+
+@dataclass
+class RunningSidecar:
+    server: grpc.aio.Server
+    admin: AdminServer
+    store: ObservationStore
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.admin.stop()
+        await self.server.stop(grace=grace)
+
+
+def observation_store(config: SidecarConfig) -> ObservationStore:
+    settings = config.observations
+    return ObservationStore(retention_seconds=config.observation_retention_seconds,
+                            slice_seconds=settings.slice_seconds,
+                            refresh_seconds=settings.refresh_ms / 1000)
+
+
+async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
+                        admin_address: str, log_decisions: bool = False) -> RunningSidecar:
+    """Raises OSError when an address cannot be bound; nothing is left running then."""
+    store = observation_store(config)
+    enabled = config.observations.enabled
+    gateway = Gateway(runtime, observations=store, log_decisions=log_decisions)
+    receiver = AccessLogReceiver(store, runtime.cluster_targets) if enabled else None
+    server = await start_server(gateway, grpc_address, receiver)
+    host, port = split_host_port(admin_address)
+    admin = AdminServer(store, host, port)
+    try:
+        await admin.start()
+    except OSError as exc:
+        await server.stop(grace=0)
+        raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
+    return RunningSidecar(server, admin, store)
