@@ -60,7 +60,8 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     if target is None or common.response_flags.response_from_cache_filter:
         return None
     status = entry.response.response_code.value
-    first_tx = _ms(common.time_to_first_upstream_tx_byte)
+    first_tx = _ms(common.time_to_first_upstream_tx_byte) or 0.0
+    first_rx = _ms(common.time_to_first_upstream_rx_byte)
     last_rx = _ms(common.time_to_last_upstream_rx_byte)
     tokens = None
     usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
@@ -70,8 +71,8 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         target=target,
         outcome=outcome_of(common.response_flags, status),
         latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
-        ttfb_ms=_ms(common.time_to_first_upstream_rx_byte),
-        upstream_ms=(last_rx - (first_tx or 0.0)) if last_rx is not None else None,
+        ttfb_ms=(first_rx - first_tx) if first_rx is not None else None,
+        upstream_ms=(last_rx - first_tx) if last_rx is not None else None,
         output_tokens=tokens,
         fell_back=common.upstream_request_attempt_count > 1,
     )

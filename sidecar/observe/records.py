@@ -38,7 +38,7 @@ class Observation:
     target: str                      # provider/model_ref
     outcome: Outcome
     latency_ms: float | None = None  # request start → last byte to the client
-    ttfb_ms: float | None = None     # request start → first byte from the upstream
+    ttfb_ms: float | None = None     # first byte to the upstream → first byte back from it
     upstream_ms: float | None = None  # first byte to the upstream → last byte from it
     output_tokens: int | None = None  # from the usage the provider reported
     fell_back: bool = False          # served after more than one attempt

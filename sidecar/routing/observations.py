@@ -10,7 +10,8 @@ Snapshot file format (JSON)::
                  "p95_ttfb_ms": 210, "output_tokens_per_s": 95.0, "error_rate": 0.01,
                  "timeout_rate": 0.0, "fallback_rate": 0.02}}}
 
-Every figure is optional except `count`; rates are fractions in [0, 1].
+Every figure is optional except `count`; rates are fractions in [0, 1]. The output of
+`sidecar observations --format json` is a valid snapshot (its `outcomes` are ignored).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class ObservationSnapshot:
 EMPTY_SNAPSHOT = ObservationSnapshot({})
 _FIELDS = {f.name for f in fields(TargetObservations)}
 _RATES = ("error_rate", "timeout_rate", "fallback_rate")
+# Keys `sidecar observations --format json` adds that routing does not read.
+_INFORMATIONAL = ("outcomes",)
 
 
 class SnapshotFormatError(ValueError):
@@ -67,6 +70,7 @@ def snapshot_from_dict(document: Any) -> ObservationSnapshot:
     for key, figures in document["targets"].items():
         if not isinstance(figures, dict):
             raise SnapshotFormatError(f"targets.{key}: expected an object of figures")
+        figures = {k: v for k, v in figures.items() if k not in _INFORMATIONAL}
         unknown = set(figures) - _FIELDS
         if unknown:
             raise SnapshotFormatError(f"targets.{key}: unknown figure(s) {sorted(unknown)}")

@@ -1,0 +1,75 @@
+"""Classifying Envoy access-log entries (real upb messages) into observations."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from google.protobuf import struct_pb2
+
+from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
+from sidecar.observe.access_log import observation_of, outcome_of
+from sidecar.observe.records import Outcome
+
+TARGETS = {"target__g__0__p": "p/m"}
+
+
+def entry(status: int = 200, cluster: str = "target__g__0__p", tokens: float | None = None,
+          attempts: int = 1, **flags: bool) -> al.HTTPAccessLogEntry:
+    message = al.HTTPAccessLogEntry()
+    common = message.common_properties
+    common.upstream_cluster = cluster
+    common.upstream_request_attempt_count = attempts
+    common.time_to_first_upstream_tx_byte.FromMilliseconds(5)
+    common.time_to_first_upstream_rx_byte.FromMilliseconds(105)
+    common.time_to_last_upstream_rx_byte.FromMilliseconds(505)
+    common.time_to_last_downstream_tx_byte.FromMilliseconds(507)
+    for name, value in flags.items():
+        setattr(common.response_flags, name, value)
+    if tokens is not None:
+        usage = struct_pb2.Struct()
+        usage.update({USAGE_KEY: tokens})
+        common.metadata.filter_metadata[USAGE_NAMESPACE].CopyFrom(usage)
+    message.response.response_code.value = status
+    return message
+
+
+def test_timings_and_usage() -> None:
+    observation = observation_of(entry(tokens=50), TARGETS)
+    assert observation.target == "p/m" and observation.outcome is Outcome.OK
+    assert observation.ttfb_ms == pytest.approx(100)       # upstream: first tx → first rx
+    assert observation.upstream_ms == pytest.approx(500)
+    assert observation.latency_ms == pytest.approx(507)
+    assert observation.output_tokens == 50
+    assert observation.output_tokens_per_s == pytest.approx(100)
+
+
+@pytest.mark.parametrize(("status", "flags", "outcome"), [
+    (200, {}, Outcome.OK),
+    (429, {}, Outcome.RATE_LIMITED),
+    (503, {}, Outcome.SERVER_ERROR),
+    (529, {}, Outcome.SERVER_ERROR),
+    (400, {}, Outcome.CLIENT_ERROR),
+    (503, {"upstream_connection_failure": True}, Outcome.CONNECT_FAILURE),
+    (503, {"no_healthy_upstream": True}, Outcome.CONNECT_FAILURE),
+    (504, {"upstream_request_timeout": True}, Outcome.UPSTREAM_TIMEOUT),
+    (200, {"stream_idle_timeout": True}, Outcome.UPSTREAM_TIMEOUT),
+    (503, {"upstream_remote_reset": True}, Outcome.RESET),
+    (200, {"upstream_connection_termination": True}, Outcome.RESET),
+    (502, {"upstream_protocol_error": True}, Outcome.DECODE_ERROR),
+    (200, {"downstream_connection_termination": True}, Outcome.CLIENT_CANCEL),
+    (0, {"downstream_remote_reset": True, "upstream_remote_reset": True}, Outcome.CLIENT_CANCEL),
+])
+def test_classification_table(status: int, flags: dict, outcome: Outcome) -> None:
+    assert outcome_of(entry(status, **flags).common_properties.response_flags, status) is outcome
+    assert observation_of(entry(status, **flags), TARGETS).outcome is outcome
+
+
+def test_not_served_by_a_target_is_not_an_observation() -> None:
+    assert observation_of(entry(cluster=""), TARGETS) is None              # sidecar's own reply
+    assert observation_of(entry(cluster="elsewhere"), TARGETS) is None
+    assert observation_of(entry(response_from_cache_filter=True), TARGETS) is None
+
+
+def test_served_after_a_retry_counts_as_fallback_use() -> None:
+    assert observation_of(entry(attempts=2), TARGETS).fell_back is True
+    assert observation_of(entry(attempts=1), TARGETS).fell_back is False
