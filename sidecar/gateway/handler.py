@@ -14,6 +14,7 @@ from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
 from sidecar.dialects.body import BodyError, parse_body
+from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
@@ -34,6 +35,8 @@ CALLER_ONLY_HEADERS = (
     "openai-project",
 )
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+# An explicit stateful-session marker: such requests keep out of conversation affinity.
+SESSION_HEADER = "x-session-id"
 _MODELS_PATH = "/v1/models"
 
 
@@ -44,6 +47,7 @@ class Pending:
     caller: Caller
     dialect: Dialect
     has_anthropic_version: bool
+    stateful_session: bool = False
 
 
 class Gateway:
@@ -84,7 +88,8 @@ class Gateway:
                           anthropic)
         if end_of_stream:
             return _error(ClientError(400, "Request body is required (a JSON object)"), anthropic)
-        return Pending(caller, dialect, "anthropic-version" in headers)
+        return Pending(caller, dialect, "anthropic-version" in headers,
+                       SESSION_HEADER in headers)
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
@@ -118,6 +123,7 @@ class Gateway:
             prompt_chars=shape.prompt_chars,
             prompt_sample=shape.prompt_sample,
             spend_ceiling_usd=pending.caller.spend_ceiling_usd,
+            conversation_key=_conversation_key(pending, model, group, payload),
         )
         decision = self._runtime.router.decide(summary, self._observations)
         if self._log_decisions:
@@ -148,6 +154,17 @@ class Gateway:
         if name not in allowed:
             return _error(errors.model_not_found(name), anthropic)
         return Reply(200, single_model(name, anthropic))
+
+
+def _conversation_key(pending: Pending, model: str, group: ModelGroup,
+                      payload: dict) -> bytes | None:
+    """Only dynamic-score groups with affinity on pin conversations; explicit stateful
+    sessions (session header, Responses `previous_response_id`) never touch affinity."""
+    if group.strategy != "dynamic_score" or not group.dynamic_score.affinity.enabled:
+        return None
+    if pending.stateful_session or payload.get("previous_response_id") is not None:
+        return None
+    return conversation_key(pending.caller.name, model, pending.dialect, payload)
 
 
 def scan_limit(group: ModelGroup) -> int:

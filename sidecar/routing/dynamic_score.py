@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.config.policy import DynamicScorePolicy, ScoreTerm
+from sidecar.routing.affinity import AffinityOutcome, AffinityStore
 from sidecar.routing.blend import blended_shares, weight_shares
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.expression import Evaluator, compile_expression
@@ -61,6 +62,7 @@ def dynamic_order(
     observations: ObservationView,
     rotation_for: Callable[[tuple[int, ...]], WeightedRotation],
     trace: DecisionTrace,
+    affinity: AffinityStore | None = None,
 ) -> list[TargetChoice]:
     window = policy.observation_window_seconds
     observed = {c.index: observations.get(c.label, window) for c in eligible}
@@ -106,11 +108,37 @@ def dynamic_order(
     ]
     trace.order = "blended_shares" if blended else "weight_shares"
 
-    picked = rotation_for(tuple(c.index for c in eligible)).pick(
-        [c.index for c in eligible], final)
+    def rotate() -> int:
+        return rotation_for(tuple(c.index for c in eligible)).pick(
+            [c.index for c in eligible], final)
+
+    picked = _pinned_or(rotate, request, policy, affinity, {c.index for c in eligible}, trace)
     by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
     primary = next(c for c in eligible if c.index == picked)
     return [primary, *(c for _, c in by_share if c.index != picked)]
+
+
+def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,
+               affinity: AffinityStore | None, eligible: set[int], trace: DecisionTrace) -> int:
+    """Conversation affinity: a live pin on a still-eligible target wins (the rotation does
+    not advance); otherwise the rotation picks and the pin is created or replaced."""
+    if not policy.affinity.enabled:
+        trace.affinity = AffinityOutcome.DISABLED
+        return rotate()
+    key = request.conversation_key
+    if affinity is None or key is None:
+        trace.affinity = AffinityOutcome.NOT_APPLICABLE
+        return rotate()
+    pinned, expired = affinity.lookup(key)
+    if pinned is not None and not expired and pinned in eligible:
+        trace.affinity = AffinityOutcome.HIT
+        return pinned
+    picked = rotate()
+    affinity.pin(key, picked)  # the initially selected primary, before any upstream result
+    trace.affinity = (AffinityOutcome.MISS_CREATED if pinned is None
+                      else AffinityOutcome.EXPIRED_REPLACED if expired
+                      else AffinityOutcome.INELIGIBLE_REPLACED)
+    return picked
 
 
 def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,

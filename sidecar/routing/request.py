@@ -35,6 +35,9 @@ class RequestSummary:
     prompt_chars: int = 0
     prompt_sample: str = field(default="", repr=False)
     spend_ceiling_usd: float | None = None
+    # SHA-256 of the normalized conversation opening (dialects/conversation.py); None when
+    # the request has no conversation or belongs to an explicit stateful session.
+    conversation_key: bytes | None = field(default=None, repr=False)
 
     @property
     def reasoning_requested(self) -> bool:

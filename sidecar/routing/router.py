@@ -8,7 +8,10 @@ observation state, that position and the request.
 
 from __future__ import annotations
 
+import time
+
 from sidecar.config.models import ModelGroup, SidecarConfig
+from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
 from sidecar.routing.dynamic_score import CompiledTerm, compile_terms, dynamic_order
 from sidecar.routing.gates import passing_targets, refusal_reason
@@ -19,8 +22,14 @@ from sidecar.routing.weighted import WeightedRotation
 
 
 class Router:
-    def __init__(self, config: SidecarConfig) -> None:
+    def __init__(self, config: SidecarConfig, clock: Clock = time.monotonic) -> None:
         self._config = config
+        self._affinity = {
+            name: AffinityStore(group.dynamic_score.affinity.ttl_seconds,
+                                group.dynamic_score.affinity.max_entries, clock)
+            for name, group in config.models.items()
+            if group.strategy == "dynamic_score" and group.dynamic_score.affinity.enabled
+        }
         # One rotation per (group, candidate set): requests that can use the same targets
         # share a rotation, so each class of request gets exactly its mix. At most 2^targets
         # sets per group, created on first use.
@@ -47,10 +56,15 @@ class Router:
         elif group.strategy == "dynamic_score":
             ordered = dynamic_order(
                 request, eligible, group.dynamic_score, self._terms[request.group],
-                observations, lambda indices: self._rotation(request.group, indices), trace)
+                observations, lambda indices: self._rotation(request.group, indices), trace,
+                self._affinity.get(request.group))
         else:
             ordered = self._weighted_order(request.group, group, eligible, trace)
         return Decision(request.group, group.strategy, tuple(ordered), trace)
+
+    def affinity_store(self, group: str) -> AffinityStore | None:
+        """The group's pins (digests only), for diagnostics and tests."""
+        return self._affinity.get(group)
 
     def _rotation(self, group: str, indices: tuple[int, ...]) -> WeightedRotation:
         key = (group, indices)

@@ -46,6 +46,7 @@ class DecisionTrace:
     require_tags_relaxed: bool = False
     thresholds_relaxed: bool = False
     reasoning: dict[str, str | int | None] | None = None
+    affinity: str = "not_applicable"
     candidates: list[CandidateTrace] = field(default_factory=list)
 
     def exclude(self, target: str, stage: str) -> None:
@@ -73,5 +74,6 @@ class DecisionTrace:
             parts.append("terms=" + ",".join(self.score_terms))
         if self.thresholds_relaxed:
             parts.append("thresholds_relaxed")
+        parts.append(f"affinity={self.affinity}")
         parts += [f"excluded[{t}]={s}" for t, s in self.exclusions]
         return " ".join(parts)

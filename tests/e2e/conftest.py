@@ -72,10 +72,10 @@ def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: in
           - name: team-a
             token_sha256: {hashlib.sha256(TOKEN_A.encode()).hexdigest()}
             models: [adaptive-agent, weighted-trio, claude-agent, drip-group, dead-group,
-                     adaptive-agent-meta]
+                     adaptive-agent-meta, affinity-agent]
           - name: team-b
             token_env: TEST_TOKEN_B
-            models: [private-group]
+            models: [private-group, affinity-agent]
         models:
         """)
         + spec_group
@@ -99,6 +99,15 @@ def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: in
         dead-group:
           targets:
             - {provider: dead, model_ref: unreachable}
+        affinity-agent:
+          strategy: dynamic_score
+          targets:
+            - {provider: p60, model_ref: equal-a, weight: 1}
+            - {provider: p25, model_ref: equal-b, weight: 1}
+            - {provider: p5, model_ref: equal-c, weight: 1}
+          routing_policy:
+            dynamic_score:
+              affinity: {ttl_seconds: 2, max_entries: 100}
         adaptive-agent-meta:
           strategy: dynamic_score
           description: the SPEC group plus capability metadata

@@ -55,7 +55,7 @@ def test_messages_stream(stack: Stack, providers: ProviderThread) -> None:
 def test_models_list_in_anthropic_shape(stack: Stack) -> None:
     assert [m.id for m in client(stack).models.list()] == [
         "adaptive-agent", "weighted-trio", "claude-agent", "drip-group",
-        "dead-group", "adaptive-agent-meta",
+        "dead-group", "affinity-agent", "adaptive-agent-meta",
     ]
 
 

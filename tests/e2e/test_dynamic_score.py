@@ -61,9 +61,9 @@ def test_tool_requests_never_reach_a_target_without_tool_support(
     stack: Stack, providers: ProviderThread
 ) -> None:
     offset = stack.log_size()
-    for _ in range(30):
+    for i in range(30):  # distinct conversations, so affinity does not pin them all
         client(stack).chat.completions.create(
-            model="adaptive-agent", messages=[{"role": "user", "content": "weather?"}],
+            model="adaptive-agent", messages=[{"role": "user", "content": f"weather {i}?"}],
             tools=TOOLS)
     assert "openai" not in served_by(providers)
     assert set(served_by(providers)) == {"baseten", "minimax"}
@@ -76,10 +76,10 @@ def test_tool_requests_never_reach_a_target_without_tool_support(
 def test_max_completion_tokens_1_never_reaches_a_target_that_ignores_caps(
     stack: Stack, providers: ProviderThread
 ) -> None:
-    for _ in range(30):
+    for i in range(30):
         reply = client(stack).chat.completions.create(
             model="adaptive-agent-meta", max_completion_tokens=1,
-            messages=[{"role": "user", "content": "One word."}])
+            messages=[{"role": "user", "content": f"One word, #{i}."}])
         assert reply.choices[0].finish_reason == "length"
     assert "minimax" not in served_by(providers)
     assert set(served_by(providers)) == {"baseten", "openai"}
@@ -90,8 +90,8 @@ def test_max_completion_tokens_1_never_reaches_a_target_that_ignores_caps(
 def test_image_requests_never_reach_a_text_only_target(
     stack: Stack, providers: ProviderThread
 ) -> None:
-    content = [{"type": "text", "text": "What is in this picture?"}, IMAGE]
-    for _ in range(10):
+    for i in range(10):
+        content = [{"type": "text", "text": f"What is in picture {i}?"}, IMAGE]
         client(stack).chat.completions.create(
             model="adaptive-agent-meta", messages=[{"role": "user", "content": content}])
     assert served_by(providers) == ["baseten"] * 10

@@ -162,15 +162,19 @@ def test_observations_leave_the_response_path_untouched(stack: Stack,
     assert unobserved.observations() == {}
 
 
+_conversations = itertools.count()
+
+
 def send(stack: Stack, count: int, group: str = "adaptive-agent") -> None:
     """`count` simple requests, eight at a time; errors are fine (they are observations too)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(_: int) -> int:
+    def one(index: int) -> int:  # every request its own conversation (no affinity pins)
+        content = f"Say hello, conversation {next(_conversations)}-{index}."
         return httpx.post(stack.up.base_url + "/v1/chat/completions",
                           headers={"authorization": f"Bearer {TOKEN}"}, timeout=10,
                           json={"model": group, "messages": [{"role": "user",
-                                                              "content": "Say hello."}]}
+                                                              "content": content}]}
                           ).status_code
 
     with ThreadPoolExecutor(8) as pool:

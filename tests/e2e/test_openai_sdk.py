@@ -38,8 +38,10 @@ def assert_clean_upstream(request, provider: str, model_ref: str) -> None:
 def test_models_list_shows_exactly_the_callers_groups(stack: Stack) -> None:
     ids = [model.id for model in client(stack).models.list()]
     assert ids == ["adaptive-agent", "weighted-trio", "claude-agent", "drip-group",
-        "dead-group", "adaptive-agent-meta"]
-    assert [m.id for m in client(stack, TOKEN_B).models.list()] == ["private-group"]
+        "dead-group", "affinity-agent",
+                   "adaptive-agent-meta"]
+    assert [m.id for m in client(stack, TOKEN_B).models.list()] == [
+        "private-group", "affinity-agent"]
 
 
 def test_models_list_does_not_touch_providers(stack: Stack, providers: ProviderThread) -> None:

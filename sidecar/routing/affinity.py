@@ -1,0 +1,58 @@
+"""Conversation affinity: pin a conversation's first selected target, process-local.
+
+A pin maps a SHA-256 conversation key (never the text) to a target index. It lives
+`ttl_seconds` from when it was created or replaced — hits do not extend it — and when the
+store is full the oldest created/replaced pin goes first (FIFO, not LRU). Lookups and
+inserts are O(1); memory is bounded by `max_entries`. The clock is injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from enum import StrEnum
+
+Clock = Callable[[], float]
+
+
+class AffinityOutcome(StrEnum):
+    HIT = "hit"
+    MISS_CREATED = "miss_created"
+    EXPIRED_REPLACED = "expired_replaced"
+    INELIGIBLE_REPLACED = "ineligible_replaced"
+    DISABLED = "disabled"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class AffinityStore:
+    __slots__ = ("_clock", "_max_entries", "_pins", "_ttl")
+
+    def __init__(self, ttl_seconds: float, max_entries: int, clock: Clock = time.monotonic):
+        self._ttl = ttl_seconds
+        self._max_entries = max_entries
+        self._clock = clock
+        self._pins: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def lookup(self, key: bytes) -> tuple[int | None, bool]:
+        """(pinned target index or None, expired). Never extends a pin's life."""
+        pin = self._pins.get(key)
+        if pin is None:
+            return None, False
+        index, created = pin
+        return index, self._clock() - created >= self._ttl
+
+    def pin(self, key: bytes, index: int) -> None:
+        """Create or replace: the pin's TTL starts now and it becomes the newest entry."""
+        if key in self._pins:
+            del self._pins[key]
+        elif len(self._pins) >= self._max_entries:
+            self._pins.popitem(last=False)
+        self._pins[key] = (index, self._clock())
+
+    def digests(self) -> list[bytes]:
+        """Oldest first (for tests and diagnostics; digests only)."""
+        return list(self._pins)

@@ -1,0 +1,94 @@
+"""The conversation key: equivalent encodings agree, different content and contexts differ."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.apis import Dialect
+from sidecar.dialects.conversation import conversation_key
+
+CHAT, MESSAGES, RESPONSES = (Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES,
+                             Dialect.OPENAI_RESPONSES)
+
+
+def key(payload: dict, dialect: Dialect = CHAT, caller: str = "a", group: str = "g") -> bytes:
+    result = conversation_key(caller, group, dialect, payload)
+    assert result is not None and len(result) == 32
+    return result
+
+
+FIRST = {"role": "user", "content": "Fix my bug"}
+
+
+@pytest.mark.parametrize(("left", "right"), [
+    # string content ≡ a single text part
+    ({"messages": [FIRST]},
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "Fix my bug"}]}]}),
+    # later turns do not matter: the opening does
+    ({"messages": [FIRST]},
+     {"messages": [FIRST, {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": "more"}]}),
+    # key order and extra part fields do not matter
+    ({"messages": [{"content": "Fix my bug", "role": "user"}]}, {"messages": [FIRST]}),
+    ({"messages": [{"role": "user", "content": [{"text": "Fix my bug", "type": "text",
+                                                 "cache_control": {"type": "ephemeral"}}]}]},
+     {"messages": [FIRST]}),
+    # other request fields do not matter
+    ({"messages": [FIRST], "temperature": 0.2, "stream": True}, {"messages": [FIRST]}),
+    # image parts compare by source
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:x", "detail": "high"}}]}]},
+     {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:x"}}]}]}),
+])
+def test_equivalent_encodings_give_the_same_key(left: dict, right: dict) -> None:
+    assert key(left) == key(right)
+
+
+def test_openai_system_message_normalizes_like_anthropic_system() -> None:
+    openai_like = {"messages": [{"role": "system", "content": "Be terse."}, FIRST]}
+    anthropic_like = {"system": "Be terse.", "messages": [FIRST]}
+    # Same normalized opening, but the dialect stays in the key: different pins.
+    from sidecar.dialects.conversation import _opening
+
+    assert _opening(CHAT, openai_like) == _opening(MESSAGES, anthropic_like)
+    assert key(openai_like, CHAT) != key(anthropic_like, MESSAGES)
+
+
+@pytest.mark.parametrize("changed", [
+    {"messages": [{"role": "user", "content": "Fix my bug!"}]},                 # content
+    {"messages": [{"role": "assistant", "content": "Fix my bug"}]},             # role
+    {"messages": [{"role": "system", "content": "x"}, FIRST]},                  # system context
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Fix my bug"},
+                                               {"type": "text", "text": ""}]}]},  # parts
+])
+def test_different_openings_give_different_keys(changed: dict) -> None:
+    assert key(changed) != key({"messages": [FIRST]})
+
+
+def test_caller_group_and_dialect_are_part_of_the_key() -> None:
+    payload = {"messages": [FIRST]}
+    assert key(payload, caller="a") != key(payload, caller="b")
+    assert key(payload, group="g") != key(payload, group="h")
+    assert key(payload, CHAT) != key(payload, MESSAGES)
+
+
+def test_sending_only_the_new_turn_is_a_different_conversation() -> None:
+    assert key({"messages": [{"role": "user", "content": "and now?"}]}) != key(
+        {"messages": [FIRST, {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": "and now?"}]})
+
+
+def test_responses_input_without_messages() -> None:
+    assert key({"input": "Fix my bug"}, RESPONSES) == key(
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Fix my bug"}]}]},
+        RESPONSES)
+    assert key({"input": "Fix my bug", "instructions": "x"}, RESPONSES) != key(
+        {"input": "Fix my bug"}, RESPONSES)
+
+
+@pytest.mark.parametrize("payload", [{}, {"messages": []}, {"messages": "x"},
+                                     {"messages": [{"role": "system", "content": "only"}]},
+                                     {"messages": [7]}])
+def test_no_conversation_no_key(payload: dict) -> None:
+    assert conversation_key("a", "g", CHAT, payload) is None
