@@ -19,11 +19,13 @@ from sidecar.observe.store import ObservationStore
 
 
 def observations_document(store: ObservationStore, window_seconds: int) -> dict[str, object]:
+    """Windows longer than the store's retention are answered (and labelled) as retention."""
+    window = max(1, min(window_seconds, store.retention_seconds))
     targets: dict[str, object] = {}
     for target in store.targets():
-        summary = store.summary(target, window_seconds)
+        summary = store.summary(target, window)
         targets[target] = {**asdict(summary.figures), "outcomes": summary.outcomes}
-    return {"window_seconds": window_seconds, "targets": targets}
+    return {"window_seconds": window, "targets": targets}
 
 
 class AdminServer:
@@ -45,19 +47,29 @@ class AdminServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            status, body = self._route(line.decode("latin-1"))
+            line = await asyncio.wait_for(self._read_head(reader), 5)
+            try:
+                status, body = self._route(line.decode("latin-1"))
+            except Exception:  # never let a request take the endpoint down
+                status, body = "500 Internal Server Error", {"error": "internal error"}
             payload = json.dumps(body).encode()
             writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
                          f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
                          .encode() + payload)
             await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
+        except (TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+            pass  # slow, oversized or broken requests are simply dropped
         finally:
             writer.close()
+
+    @staticmethod
+    async def _read_head(reader: asyncio.StreamReader) -> bytes:
+        """The request line; the headers are read and ignored (at most 100 of them)."""
+        line = await reader.readline()
+        for _ in range(100):
+            if (await reader.readline()) in (b"\r\n", b"\n", b""):
+                break
+        return line
 
     def _route(self, request_line: str) -> tuple[str, object]:
         parts = request_line.split(" ")
@@ -70,8 +82,10 @@ class AdminServer:
             window = self._store.retention_seconds
             values = parse_qs(url.query).get("window")
             if values:
-                if not values[0].isdigit() or int(values[0]) <= 0:
+                text = values[0]
+                if not (text.isascii() and text.isdigit() and 0 < len(text) <= 9
+                        and int(text) > 0):
                     return "400 Bad Request", {"error": "window must be a positive integer"}
-                window = int(values[0])
+                window = int(text)
             return "200 OK", observations_document(self._store, window)
         return "404 Not Found", {"error": "try /observations or /healthz"}

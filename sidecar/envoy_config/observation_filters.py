@@ -44,6 +44,7 @@ from envoy_data_plane.envoy.extensions.filters.http.sse_to_metadata.v3 import (
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
+from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher
 from envoy_data_plane.google.protobuf import Any
 
 from sidecar.envoy_contract import ACCESS_LOG_NAME, EXT_PROC_CLUSTER, USAGE_KEY, USAGE_NAMESPACE
@@ -66,7 +67,8 @@ def _usage_rules() -> list[JsonToMetadataRule]:
 
 def usage_filters() -> list[HttpFilter]:
     json_usage = JsonToMetadata(response_rules=JsonToMetadataMatchRules(
-        rules=_usage_rules(), allow_content_types=["application/json"]))
+        rules=_usage_rules(),
+        allow_content_types_regex=RegexMatcher(regex=r"application/json(;.*)?")))
     parser = JsonContentParser(rules=[JsonContentParserRuleConfig(rule=rule)
                                       for rule in _usage_rules()])
     sse_usage = SseToMetadata(response_rules=SseToMetadataProcessingRules(

@@ -42,8 +42,12 @@ def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
         return Outcome.DECODE_ERROR
     if flags.upstream_remote_reset or flags.upstream_connection_termination or flags.local_reset:
         return Outcome.RESET
+    if status == 408:
+        return Outcome.UPSTREAM_TIMEOUT
     if status == 429:
         return Outcome.RATE_LIMITED
+    if status in (401, 403, 404):
+        return Outcome.PROVIDER_REJECTED
     if status >= 500:
         return Outcome.SERVER_ERROR
     if status >= 400:
@@ -74,7 +78,6 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         ttfb_ms=(first_rx - first_tx) if first_rx is not None else None,
         upstream_ms=(last_rx - first_tx) if last_rx is not None else None,
         output_tokens=tokens,
-        fell_back=common.upstream_request_attempt_count > 1,
     )
 
 

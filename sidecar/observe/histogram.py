@@ -41,10 +41,15 @@ class Histogram:
         self.counts[index] = self.counts.get(index, 0) + 1
         self.total += 1
 
-    def merge(self, other: Histogram) -> None:
+    def merge(self, other: Histogram, sign: int = 1) -> None:
+        """Add (sign 1) or subtract (sign -1) another histogram's counts."""
         for index, count in other.counts.items():
-            self.counts[index] = self.counts.get(index, 0) + count
-        self.total += other.total
+            remaining = self.counts.get(index, 0) + sign * count
+            if remaining:
+                self.counts[index] = remaining
+            else:
+                del self.counts[index]
+        self.total += sign * other.total
 
     def percentile(self, fraction: float) -> float | None:
         """Nearest-rank percentile (fraction in (0, 1]); None when empty."""

@@ -12,6 +12,8 @@ class Outcome(StrEnum):
     OK = "ok"
     RATE_LIMITED = "rate_limited"          # HTTP 429
     SERVER_ERROR = "server_error"          # HTTP 5xx (529 overload included)
+    PROVIDER_REJECTED = "provider_rejected"  # 401/403/404 from the provider: our key or
+    #                                        model_ref is wrong there, not the caller's request
     CLIENT_ERROR = "client_error"          # other HTTP 4xx: the request, not the target
     CONNECT_FAILURE = "connect_failure"    # no connection / no healthy upstream
     RESET = "reset"                        # upstream reset or terminated the stream
@@ -30,7 +32,7 @@ class Outcome(StrEnum):
 
 
 _ERRORS = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_FAILURE,
-                     Outcome.RESET, Outcome.DECODE_ERROR})
+                     Outcome.RESET, Outcome.DECODE_ERROR, Outcome.PROVIDER_REJECTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +43,12 @@ class Observation:
     ttfb_ms: float | None = None     # first byte to the upstream → first byte back from it
     upstream_ms: float | None = None  # first byte to the upstream → last byte from it
     output_tokens: int | None = None  # from the usage the provider reported
-    fell_back: bool = False          # served after more than one attempt
+    failed_over: bool = False        # this attempt failed and another target took over
+    #                                  (per-attempt records arrive with pre-commit fallback)
 
     @property
     def output_tokens_per_s(self) -> float | None:
-        if not self.output_tokens or not self.upstream_ms or self.upstream_ms <= 0:
+        if (self.output_tokens is None or self.output_tokens <= 0 or not self.upstream_ms
+                or self.upstream_ms <= 0):
             return None
         return self.output_tokens / (self.upstream_ms / 1000)

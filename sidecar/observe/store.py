@@ -1,20 +1,26 @@
-"""The observation store: per target, a ring of time slices covering the longest window.
+"""The observation store: per target, a ring of time slices plus a running total.
 
-Writes are O(1): an observation lands in the current slice of its target (slices are
-`slice_seconds` wide; a ring holds `retention_seconds` of them, so memory per target is
-bounded whatever the traffic). Reads are what the router does on every decision, so they
-are served from a per-(target, window) summary that is rebuilt at most every
-`refresh_seconds` (and whenever the clock enters a new slice): the router never merges
-histograms on the hot path, and its view is never more than `refresh_seconds` old.
+Writes are O(1) amortised: an observation lands in the current slice of its target and in
+the target's running total over the retention window (the longest configured
+`observation_window_seconds`); when a slice falls out of that window its counts are
+subtracted from the total and the slice is reused. Memory per target is bounded by the ring
+(`slice_seconds` wide slices) whatever the traffic.
 
-Everything runs on the sidecar's single event loop, so a decision reads one consistent view.
-The clock is injected (monotonic seconds) so that tests need no sleeps.
+Reads are what the router does on every decision. For the retention window they come from
+the running total (a percentile walks at most a few hundred histogram buckets); shorter
+windows merge slices. Either way the result is cached per (target, window) for at most
+`refresh_seconds` and until the next slice begins, so the router's view is at most that old.
+The cache holds at most `MAX_CACHED` entries.
+
+Everything runs on the sidecar's single event loop. The clock is injected (monotonic
+seconds) so that tests need no sleeps.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,130 +29,167 @@ from sidecar.observe.records import Observation, Outcome
 from sidecar.routing.observations import TargetObservations
 
 Clock = Callable[[], float]
+MAX_CACHED = 1024
 
 
 @dataclass
-class _Slice:
-    """Counters for one time slice of one target."""
+class _Counts:
+    """Additive figures: a slice, or the running total of the live slices."""
 
-    start: int = -1                    # slice number (time // slice_seconds)
+    start: int = -1                    # slice number (time // slice_seconds); -1 = unused
     count: int = 0
     outcomes: dict[Outcome, int] = field(default_factory=dict)
-    fell_back: int = 0
+    failed_over: int = 0
     latency: Histogram = field(default_factory=Histogram)
     ttfb: Histogram = field(default_factory=Histogram)
-    throughput_sum: float = 0.0
-    throughput_count: int = 0
+    tokens: float = 0.0
+    token_seconds: float = 0.0
 
-    def reset(self, start: int) -> None:
-        self.start = start
-        self.count = 0
-        self.outcomes = {}
-        self.fell_back = 0
-        self.latency = Histogram()
-        self.ttfb = Histogram()
-        self.throughput_sum = 0.0
-        self.throughput_count = 0
+    def add(self, observation: Observation) -> None:
+        self.count += 1
+        self.outcomes[observation.outcome] = self.outcomes.get(observation.outcome, 0) + 1
+        self.failed_over += int(observation.failed_over)
+        if observation.outcome is Outcome.OK:
+            if observation.latency_ms is not None:
+                self.latency.add(observation.latency_ms)
+            if observation.ttfb_ms is not None:
+                self.ttfb.add(observation.ttfb_ms)
+            if observation.output_tokens_per_s is not None:
+                self.tokens += observation.output_tokens or 0
+                self.token_seconds += (observation.upstream_ms or 0) / 1000
+
+    def merge(self, other: _Counts, sign: int = 1) -> None:
+        self.count += sign * other.count
+        for outcome, n in other.outcomes.items():
+            remaining = self.outcomes.get(outcome, 0) + sign * n
+            if remaining:
+                self.outcomes[outcome] = remaining
+            else:
+                self.outcomes.pop(outcome, None)
+        self.failed_over += sign * other.failed_over
+        self.latency.merge(other.latency, sign)
+        self.ttfb.merge(other.ttfb, sign)
+        self.tokens += sign * other.tokens
+        self.token_seconds += sign * other.token_seconds
+
+
+@dataclass
+class _Target:
+    ring: list[_Counts]
+    total: _Counts = field(default_factory=_Counts)
+    expired_up_to: int = -1            # slices before this are out of `total`
 
 
 @dataclass(frozen=True)
 class WindowSummary:
     """What the admin view shows for one target and window."""
 
+    window_seconds: int
     figures: TargetObservations
     outcomes: dict[str, int]
-    p95_ttfb_ms: float | None
 
 
 class ObservationStore:
     def __init__(self, retention_seconds: int = 600, slice_seconds: int = 10,
                  refresh_seconds: float = 1.0, clock: Clock = time.monotonic) -> None:
         self._slice_seconds = slice_seconds
-        self._slices_per_ring = max(1, math.ceil(retention_seconds / slice_seconds)) + 2
+        self._retention = retention_seconds
+        self._ring_size = max(1, math.ceil(retention_seconds / slice_seconds)) + 2
         self._refresh = refresh_seconds
         self._clock = clock
-        self._rings: dict[str, list[_Slice]] = {}
-        self._cache: dict[tuple[str, int], tuple[float, int, WindowSummary]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._cache: OrderedDict[tuple[str, int], tuple[float, int, WindowSummary]] = (
+            OrderedDict())
 
     @property
     def retention_seconds(self) -> int:
-        return (self._slices_per_ring - 2) * self._slice_seconds
+        return self._retention
 
     def record(self, observation: Observation) -> None:
-        now = self._slice_number(self._clock())
-        ring = self._rings.get(observation.target)
-        if ring is None:
-            ring = self._rings[observation.target] = [_Slice()
-                                                      for _ in range(self._slices_per_ring)]
-        current = ring[now % self._slices_per_ring]
-        if current.start != now:
-            current.reset(now)
-        current.count += 1
-        current.outcomes[observation.outcome] = current.outcomes.get(observation.outcome, 0) + 1
-        current.fell_back += int(observation.fell_back)
-        if observation.outcome is Outcome.OK:
-            if observation.latency_ms is not None:
-                current.latency.add(observation.latency_ms)
-            if observation.ttfb_ms is not None:
-                current.ttfb.add(observation.ttfb_ms)
-            rate = observation.output_tokens_per_s
-            if rate is not None:
-                current.throughput_sum += rate
-                current.throughput_count += 1
+        now = self._clock()
+        current = self._slice(now)
+        state = self._targets.get(observation.target)
+        if state is None:
+            state = self._targets[observation.target] = _Target(
+                [_Counts() for _ in range(self._ring_size)])
+        self._expire(state, now)
+        piece = state.ring[current % self._ring_size]
+        if piece.start != current:
+            piece.__init__()  # type: ignore[misc]  # reuse: already out of the total
+            piece.start = current
+        piece.add(observation)
+        state.total.add(observation)
 
     def get(self, target_key: str, window_seconds: int) -> TargetObservations:
-        """`ObservationView` for the routing core: cheap, possibly `refresh_seconds` old."""
+        """`ObservationView` for the routing core: cheap, at most `refresh_seconds` old."""
         return self.summary(target_key, window_seconds).figures
 
     def summary(self, target_key: str, window_seconds: int) -> WindowSummary:
         now = self._clock()
-        key = (target_key, window_seconds)
+        window = max(1, min(window_seconds, self._retention))
+        key = (target_key, window)
+        current = self._slice(now)
         cached = self._cache.get(key)
-        current_slice = self._slice_number(now)
-        if cached is not None and now - cached[0] < self._refresh and cached[1] == current_slice:
+        if cached is not None and now - cached[0] < self._refresh and cached[1] == current:
             return cached[2]
-        summary = self._summarize(target_key, window_seconds, now)
-        self._cache[key] = (now, current_slice, summary)
+        summary = self._summarize(target_key, window, now)
+        self._cache[key] = (now, current, summary)
+        self._cache.move_to_end(key)
+        while len(self._cache) > MAX_CACHED:
+            self._cache.popitem(last=False)
         return summary
 
     def targets(self) -> list[str]:
-        return sorted(self._rings)
+        return sorted(self._targets)
 
-    def _slice_number(self, now: float) -> int:
+    def _slice(self, now: float) -> int:
         return int(now // self._slice_seconds)
 
-    def _summarize(self, target: str, window_seconds: int, now: float) -> WindowSummary:
-        """Merge every slice that overlaps the last `window_seconds`: an observation counts
-        for at least `window_seconds` and leaves at most one slice width later."""
-        ring = self._rings.get(target)
-        current = self._slice_number(now)
-        window = min(window_seconds, self.retention_seconds)
-        first = self._slice_number(now - window)
-        count = fell_back = throughput_count = 0
-        throughput_sum = 0.0
-        outcomes: dict[str, int] = {}
-        latency, ttfb = Histogram(), Histogram()
-        for piece in ring or ():
-            if piece.start < first or piece.start > current:
-                continue
-            count += piece.count
-            fell_back += piece.fell_back
-            for outcome, n in piece.outcomes.items():
-                outcomes[outcome.value] = outcomes.get(outcome.value, 0) + n
-            latency.merge(piece.latency)
-            ttfb.merge(piece.ttfb)
-            throughput_sum += piece.throughput_sum
-            throughput_count += piece.throughput_count
-        errors = sum(n for name, n in outcomes.items() if Outcome(name).is_error)
-        timeouts = outcomes.get(Outcome.UPSTREAM_TIMEOUT.value, 0)
-        figures = TargetObservations(
-            count=count,
-            p95_latency_ms=latency.percentile(0.95),
-            p95_ttfb_ms=ttfb.percentile(0.95),
-            output_tokens_per_s=(throughput_sum / throughput_count
-                                 if throughput_count else None),
-            error_rate=errors / count if count else 0.0,
-            timeout_rate=timeouts / count if count else 0.0,
-            fallback_rate=fell_back / count if count else 0.0,
-        )
-        return WindowSummary(figures, outcomes, figures.p95_ttfb_ms)
+    def _expire(self, state: _Target, now: float) -> None:
+        """Subtract every slice that has left the retention window from the total."""
+        first_live = self._slice(now - self._retention)
+        if first_live <= state.expired_up_to:
+            return
+        for piece in state.ring:
+            if 0 <= piece.start < first_live:
+                state.total.merge(piece, -1)
+                piece.start = -1
+        state.expired_up_to = first_live
+
+    def _summarize(self, target: str, window: int, now: float) -> WindowSummary:
+        """Everything observed in slices overlapping the last `window` seconds: an
+        observation counts for at least the window and leaves at most one slice later."""
+        state = self._targets.get(target)
+        if state is None:
+            return WindowSummary(window, TargetObservations(), {})
+        self._expire(state, now)
+        if window >= self._retention:
+            counts = state.total
+        else:
+            counts = _Counts()
+            first, current = self._slice(now - window), self._slice(now)
+            for piece in state.ring:
+                if first <= piece.start <= current:
+                    counts.merge(piece)
+        return WindowSummary(window, _figures(counts),
+                             {outcome.value: n for outcome, n in counts.outcomes.items()})
+
+
+def _figures(counts: _Counts) -> TargetObservations:
+    total = counts.count
+
+    def rate(n: int) -> float:
+        return n / total if total else 0.0
+
+    errors = sum(n for outcome, n in counts.outcomes.items() if outcome.is_error)
+    return TargetObservations(
+        count=total,
+        p95_latency_ms=counts.latency.percentile(0.95),
+        p95_ttfb_ms=counts.ttfb.percentile(0.95),
+        output_tokens_per_s=(counts.tokens / counts.token_seconds
+                             if counts.token_seconds > 0 else None),
+        error_rate=rate(errors),
+        timeout_rate=rate(counts.outcomes.get(Outcome.UPSTREAM_TIMEOUT, 0)),
+        fallback_rate=rate(counts.failed_over),
+        cancel_rate=rate(counts.outcomes.get(Outcome.CLIENT_CANCEL, 0)),
+    )

@@ -8,7 +8,7 @@ Snapshot file format (JSON)::
 
     {"targets": {"baseten/gpt-oss-120b": {"count": 120, "p95_latency_ms": 850,
                  "p95_ttfb_ms": 210, "output_tokens_per_s": 95.0, "error_rate": 0.01,
-                 "timeout_rate": 0.0, "fallback_rate": 0.02}}}
+                 "timeout_rate": 0.0, "fallback_rate": 0.02, "cancel_rate": 0.0}}}
 
 Every figure is optional except `count`; rates are fractions in [0, 1]. The output of
 `sidecar observations --format json` is a valid snapshot (its `outcomes` are ignored).
@@ -31,6 +31,7 @@ class TargetObservations:
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     fallback_rate: float = 0.0
+    cancel_rate: float = 0.0
 
 
 NO_OBSERVATIONS = TargetObservations()
@@ -54,7 +55,7 @@ class ObservationSnapshot:
 
 EMPTY_SNAPSHOT = ObservationSnapshot({})
 _FIELDS = {f.name for f in fields(TargetObservations)}
-_RATES = ("error_rate", "timeout_rate", "fallback_rate")
+_RATES = ("error_rate", "timeout_rate", "fallback_rate", "cancel_rate")
 # Keys `sidecar observations --format json` adds that routing does not read.
 _INFORMATIONAL = ("outcomes",)
 

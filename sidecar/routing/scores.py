@@ -7,7 +7,7 @@ whose inputs are unknown for a target, is the neutral 0.5 so it cannot decide an
 |            | a paid target scores 0 when another is free) |
 | latency_score | lowest observed p95 latency / this target's p95 (warm targets only) |
 | throughput_score | this target's observed output tokens/s / the highest (warm targets only) |
-| reliability_score | 1 − min(1, error rate + timeout rate + fallback rate) (warm targets only) |
+| reliability_score | 1 − min(1, error + timeout + fallback rates + ½ cancel rate) (warm only) |
 | complexity_score | request complexity points / 6, capped at 1 (same for every target) |
 | eval_quality_score | configured evaluation quality (see capabilities.eval_quality) |
 """
@@ -23,6 +23,8 @@ from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.observations import TargetObservations
 
 NEUTRAL = 0.5
+# Callers hang up for their own reasons too: a cancellation counts half a failure.
+CANCEL_WEIGHT = 0.5
 DEFAULT_OUTPUT_BUDGET_TOKENS = 1024
 
 
@@ -74,7 +76,8 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
                 scores["latency_score"] = _ratio(fastest, obs.p95_latency_ms)
             if obs.output_tokens_per_s is not None and top_speed:
                 scores["throughput_score"] = _ratio(obs.output_tokens_per_s, top_speed)
-            failures = obs.error_rate + obs.timeout_rate + obs.fallback_rate
+            failures = (obs.error_rate + obs.timeout_rate + obs.fallback_rate
+                        + CANCEL_WEIGHT * obs.cancel_rate)
             scores["reliability_score"] = 1.0 - min(1.0, max(0.0, failures))
         if complexity_score is not None:
             scores["complexity_score"] = complexity_score

@@ -28,20 +28,23 @@ PROVIDERS = {
     "hang": Behaviour(latency_s=3.0),
     "drip": Behaviour(inter_event_delay_s=0.2),
     "baseten": Behaviour(), "minimax": Behaviour(), "openai": Behaviour(),
+    "claude": Behaviour(latency_s=0.05, inter_event_delay_s=0.02),
 }
 
 
 def config(providers: ProviderThread, observations_enabled: bool = True) -> str:
     lines = ["providers:"]
     for name in PROVIDERS:
-        lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null}}")
+        dialects = "[anthropic_messages]" if name == "claude" else "[openai_chat]"
+        lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null, "
+                     f"dialects: {dialects}}}")
     lines.append(f"callers: [{{name: obs, token_sha256: "
                  f"{hashlib.sha256(TOKEN.encode()).hexdigest()}}}]")
     lines.append(f"observations: {{enabled: {str(observations_enabled).lower()}, "
                  "flush_interval_ms: 50, refresh_ms: 10}")
     lines.append("limits: {request_timeout_seconds: 1}")
     lines.append("models:")
-    for name in ("fast", "slow", "limited", "hang", "drip"):
+    for name in ("fast", "slow", "limited", "hang", "drip", "claude"):
         lines.append(f"  {name}-group: {{targets: [{{provider: {name}, model_ref: {name}-m}}]}}")
     lines.append(SPEC[len("models:\n"):].rstrip("\n"))
     return "\n".join(lines) + "\n"
@@ -114,10 +117,24 @@ def test_ttfb_latency_and_throughput_match_the_provider(stack: Stack, name: str,
     # The stream's 14 events are 20 ms apart after the first: latency + 13 × 20 ms.
     stream_ms = latency_ms + 13 * 20
     assert figures["p95_latency_ms"] == pytest.approx(stream_ms, rel=0.2)
-    # 10 output tokens per response; the mean mixes JSON replies (upstream time ≈ latency)
-    # with streams (≈ latency + 260 ms).
-    expected = (10 / (latency_ms / 1000) + 10 / (stream_ms / 1000)) / 2
+    # 10 output tokens per response; the time-weighted mean over JSON replies (upstream
+    # time ≈ latency) and streams (≈ latency + 260 ms): all tokens / all generation time.
+    expected = 20 / ((latency_ms + stream_ms) / 1000)
     assert figures["output_tokens_per_s"] == pytest.approx(expected, rel=0.2)
+
+
+def test_anthropic_stream_usage_comes_from_the_last_message_delta(stack: Stack) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=stack.up.base_url, api_key=TOKEN, max_retries=0)
+    for _ in range(3):
+        with client.messages.stream(model="claude-group", max_tokens=64,
+                                    messages=[{"role": "user", "content": "hi"}]) as stream:
+            assert stream.get_final_message().usage.output_tokens == 10
+    figures = stack.wait_for("claude/claude-m", 3)
+    # 10 tokens (message_start says 1; the final message_delta's 10 wins) over 50 ms plus
+    # 15 gaps of 20 ms between the stream's 16 events.
+    assert figures["output_tokens_per_s"] == pytest.approx(10 / 0.35, rel=0.2)
 
 
 def test_429_counts_as_an_error_and_a_timeout_as_a_timeout(stack: Stack) -> None:

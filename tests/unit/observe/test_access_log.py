@@ -49,6 +49,11 @@ def test_timings_and_usage() -> None:
     (503, {}, Outcome.SERVER_ERROR),
     (529, {}, Outcome.SERVER_ERROR),
     (400, {}, Outcome.CLIENT_ERROR),
+    (422, {}, Outcome.CLIENT_ERROR),
+    (401, {}, Outcome.PROVIDER_REJECTED),
+    (403, {}, Outcome.PROVIDER_REJECTED),
+    (404, {}, Outcome.PROVIDER_REJECTED),
+    (408, {}, Outcome.UPSTREAM_TIMEOUT),
     (503, {"upstream_connection_failure": True}, Outcome.CONNECT_FAILURE),
     (503, {"no_healthy_upstream": True}, Outcome.CONNECT_FAILURE),
     (504, {"upstream_request_timeout": True}, Outcome.UPSTREAM_TIMEOUT),
@@ -70,6 +75,5 @@ def test_not_served_by_a_target_is_not_an_observation() -> None:
     assert observation_of(entry(response_from_cache_filter=True), TARGETS) is None
 
 
-def test_served_after_a_retry_counts_as_fallback_use() -> None:
-    assert observation_of(entry(attempts=2), TARGETS).fell_back is True
-    assert observation_of(entry(attempts=1), TARGETS).fell_back is False
+def test_the_serving_target_is_not_blamed_for_rescuing_a_request() -> None:
+    assert observation_of(entry(attempts=2), TARGETS).failed_over is False

@@ -67,13 +67,14 @@ def test_rates_and_classes() -> None:
     outcomes = ([Outcome.OK] * 14 + [Outcome.RATE_LIMITED] * 2 + [Outcome.SERVER_ERROR]
                 + [Outcome.UPSTREAM_TIMEOUT] * 2 + [Outcome.CLIENT_CANCEL])
     for outcome in outcomes:
-        store.record(Observation("p/m", outcome, latency_ms=50, fell_back=outcome is
+        store.record(Observation("p/m", outcome, latency_ms=50, failed_over=outcome is
                                  Outcome.SERVER_ERROR))
     figures = store.get("p/m", 600)
     assert figures.count == 20
     assert figures.error_rate == pytest.approx(3 / 20)
     assert figures.timeout_rate == pytest.approx(2 / 20)
     assert figures.fallback_rate == pytest.approx(1 / 20)
+    assert figures.cancel_rate == pytest.approx(1 / 20)
     assert store.summary("p/m", 600).outcomes == {"ok": 14, "rate_limited": 2,
                                                   "server_error": 1, "upstream_timeout": 2,
                                                   "client_cancel": 1}
@@ -81,12 +82,14 @@ def test_rates_and_classes() -> None:
 
 def test_latency_and_throughput_come_from_successful_requests_only() -> None:
     store = ObservationStore(refresh_seconds=0, clock=Clock())
-    store.record(ok(latency=100, ttfb_ms=30, upstream_ms=500, output_tokens=50))   # 100 tok/s
-    store.record(ok(latency=100, ttfb_ms=30, upstream_ms=250, output_tokens=50))   # 200 tok/s
+    store.record(ok(latency=100, ttfb_ms=30, upstream_ms=500, output_tokens=50))
+    store.record(ok(latency=100, ttfb_ms=30, upstream_ms=250, output_tokens=50))
+    store.record(ok(latency=100, ttfb_ms=30, upstream_ms=0.5, output_tokens=-5))  # ignored
     store.record(Observation("p/m", Outcome.CLIENT_CANCEL, latency_ms=5))
     store.record(Observation("p/m", Outcome.UPSTREAM_TIMEOUT, latency_ms=99_000))
     figures = store.get("p/m", 600)
-    assert figures.output_tokens_per_s == pytest.approx(150)
+    # Time-weighted mean: 100 tokens over 0.75 s of generation.
+    assert figures.output_tokens_per_s == pytest.approx(100 / 0.75)
     assert figures.p95_latency_ms == pytest.approx(100, rel=RELATIVE_ERROR)
     assert figures.p95_ttfb_ms == pytest.approx(30, rel=RELATIVE_ERROR)
 
@@ -98,9 +101,9 @@ def test_memory_is_bounded_after_a_million_observations() -> None:
     rng = random.Random(7)
 
     def footprint() -> int:
-        total = 0
-        for ring in store._rings.values():
-            for piece in ring:
+        total = sys.getsizeof(store._cache)
+        for state in store._targets.values():
+            for piece in [*state.ring, state.total]:
                 total += sys.getsizeof(piece.latency.counts) + sys.getsizeof(piece.ttfb.counts)
                 total += sys.getsizeof(piece.outcomes)
         return total
@@ -115,5 +118,35 @@ def test_memory_is_bounded_after_a_million_observations() -> None:
         if i in (400_000, 999_999):
             sizes.append(footprint())
     assert sizes[1] <= sizes[0] * 1.1           # flat once the ring is full
-    assert len(store._rings) == 3 and all(len(r) == 62 for r in store._rings.values())
+    assert len(store._targets) == 3
+    assert all(len(state.ring) == 62 for state in store._targets.values())
     assert store.get("p/m0", 600).count == pytest.approx(600 * 500 / 3, rel=0.05)
+
+
+def test_the_running_total_equals_a_fresh_merge_of_the_live_slices() -> None:
+    clock = Clock()
+    store = ObservationStore(retention_seconds=60, slice_seconds=10, refresh_seconds=0,
+                             clock=clock)
+    rng = random.Random(3)
+    outcomes = list(Outcome)
+    for _ in range(5_000):
+        clock.now += rng.uniform(0, 0.2)
+        store.record(Observation("p/m", rng.choice(outcomes),
+                                 latency_ms=rng.uniform(1, 5_000)))
+        if rng.random() < 0.01:
+            full = store.summary("p/m", 60)            # from the running total
+            merged = store.summary("p/m", 59)          # merged from slices
+            assert full.outcomes == merged.outcomes or clock.now % 10 > 9  # edge slice
+    clock.now += 1_000
+    assert store.get("p/m", 60).count == 0
+    state = store._targets["p/m"]
+    assert state.total.count == 0 and state.total.latency.counts == {}
+
+
+def test_the_read_cache_is_bounded_whatever_windows_are_asked() -> None:
+    store = ObservationStore(refresh_seconds=10, clock=Clock())
+    store.record(ok())
+    for window in range(1, 20_000):
+        store.summary("p/m", window)
+    assert len(store._cache) <= 1024
+    assert store.summary("p/m", 10**9).window_seconds == 600     # clamped, and says so
