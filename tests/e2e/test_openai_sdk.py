@@ -123,3 +123,18 @@ def test_caller_cannot_steer_envoy_with_x_envoy_headers(
     (request,) = drip.received
     sent = {"x-envoy-upstream-rq-timeout-ms", "x-envoy-max-retries", "x-envoy-retry-on"}
     assert not sent & set(request.headers)
+
+
+def test_a_two_megabyte_request_is_routed_and_arrives_intact(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    """Bodies over Envoy's default 1 MiB buffer and gRPC's 4 MiB-ish defaults: the route's
+    buffer limit and the sidecar's message limits follow limits.max_request_body_bytes."""
+    prompt = "x" * (2 * 1024 * 1024)
+    reply = client(stack).chat.completions.create(
+        model="weighted-trio", messages=[{"role": "user", "content": prompt}])
+    assert reply.choices[0].message.content.startswith("Hello from")
+    served = [r for name in ("p60", "p25", "p5") for r in providers.provider(name).received]
+    (request,) = served
+    assert request.json()["messages"][0]["content"] == prompt
+    assert request.json()["model"] in {"model-60", "model-25", "model-5"}
