@@ -7,13 +7,17 @@ leaves this module; the text it was computed from is dropped with the request.
 
 Normalization, so that equivalent encodings give the same key:
 - content given as a string is one text part: ``"hi"`` ≡ ``[{"type": "text", "text": "hi"}]``;
+  empty text parts are dropped;
 - parts keep only what identifies them: text → ``{"type": "text", "text"}``; images (OpenAI
   `image_url`, Responses `input_image`, Anthropic `image`) → ``{"type": "image", "source"}``;
-  any other part → itself, keys sorted;
-- the system context is the text of the leading `system`/`developer` messages (OpenAI Chat),
-  the top-level `system` (Anthropic) or `instructions` (Responses), as parts;
-- the first message is the first non-system message; requests without messages (Responses
-  `input`) use the first input item, or the input string as one user text part.
+  any other part → itself, keys sorted, `cache_control` markers removed;
+- the system context is the leading `system`/`developer` messages (OpenAI Chat, Responses
+  `input`), the top-level `system` (Anthropic) or `instructions` (Responses), as parts;
+- the first message is the first non-system message: role, parts, and its `tool_calls`,
+  `tool_call_id` or `function_call`; requests without messages (Responses `input`) use the
+  first non-system input item (a non-message item whole), or the input string as one user
+  text part;
+- strings longer than 1,024 characters enter as their own SHA-256 (images are not copied).
 The dialect stays in the key, so the same conversation in two dialects never shares a pin.
 """
 
@@ -26,6 +30,25 @@ from typing import Any
 from sidecar.apis import Dialect
 
 _SYSTEM_ROLES = ("system", "developer")
+
+
+# Strings longer than this enter the key as their own SHA-256 (a data-URL image is hashed
+# once, not copied into a canonical document).
+_LONG = 1024
+
+
+def _compact(value: Any) -> Any:
+    """Long strings → their digest; `cache_control` markers (moved between turns by
+    clients) dropped at every level."""
+    if isinstance(value, str):
+        if len(value) <= _LONG:
+            return value
+        return {"sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()}
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_compact(item) for item in value]
+    return value
 
 
 def _part(part: Any) -> Any:
@@ -48,11 +71,20 @@ def _part(part: Any) -> Any:
 
 
 def _parts(content: Any) -> list[Any]:
-    if content is None:
-        return []
-    if isinstance(content, list):
-        return [_part(item) for item in content]
-    return [_part(content)]
+    """Normalized parts; empty text parts carry nothing and are dropped."""
+    items = content if isinstance(content, list) else [] if content is None else [content]
+    return [part for part in map(_part, items)
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and part.get("text") == "")]
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    """A first message: role and parts, plus the tool fields that make it what it is."""
+    message: dict[str, Any] = {"role": item.get("role"), "content": _parts(item.get("content"))}
+    for extra in ("tool_calls", "tool_call_id", "function_call"):
+        if item.get(extra) is not None:
+            message[extra] = item[extra]
+    return message
 
 
 def _opening(dialect: Dialect, payload: dict[str, Any]) -> tuple[list[Any], Any] | None:
@@ -62,10 +94,17 @@ def _opening(dialect: Dialect, payload: dict[str, Any]) -> tuple[list[Any], Any]
         items = payload.get("input")
         if isinstance(items, str):
             return system, {"role": "user", "content": _parts(items)}
-        if isinstance(items, list) and items and isinstance(items[0], dict):
-            first = items[0]
-            return system, {"role": first.get("role", "user"),
-                            "content": _parts(first.get("content"))}
+        if not isinstance(items, list):
+            return None
+        for item in items:
+            if not isinstance(item, dict):
+                return None
+            if item.get("role") in _SYSTEM_ROLES:   # system context, like `instructions`
+                system += _parts(item.get("content"))
+                continue
+            if "role" in item:
+                return system, _message(item)
+            return system, item                     # a non-message item, kept whole
         return None
     messages = payload.get("messages")
     if not isinstance(messages, list):
@@ -78,7 +117,7 @@ def _opening(dialect: Dialect, payload: dict[str, Any]) -> tuple[list[Any], Any]
         if dialect is Dialect.OPENAI_CHAT and role in _SYSTEM_ROLES:
             system += _parts(message.get("content"))
             continue
-        return system, {"role": role, "content": _parts(message.get("content"))}
+        return system, _message(message)
     return None
 
 
@@ -88,11 +127,11 @@ def conversation_key(caller: str, group: str, dialect: Dialect,
     if opening is None:
         return None
     system, first = opening
-    document = {"v": 1, "caller": caller, "group": group, "dialect": dialect.value,
-                "system": system, "first": first}
     try:
+        document = {"v": 1, "caller": caller, "group": group, "dialect": dialect.value,
+                    "system": _compact(system), "first": _compact(first)}
         canonical = json.dumps(document, sort_keys=True, separators=(",", ":"),
                                ensure_ascii=False)
-    except (TypeError, ValueError):  # unsortable mixed keys and the like: no affinity
+    except (TypeError, ValueError, RecursionError):  # odd or absurdly deep: no affinity
         return None
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).digest()

@@ -24,7 +24,7 @@ providers:
 callers:
   - name: a
     token_sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}
-    models: [g, c, k, multi, pinned]
+    models: [g, c, k, multi, pinned, dyn]
 models:
   g: {{targets: [{{provider: local, model_ref: real-model}}]}}
   c: {{targets: [{{provider: anth, model_ref: claude-x}}]}}
@@ -32,6 +32,9 @@ models:
   hidden: {{targets: [{{provider: local, model_ref: secret-model}}]}}
   multi: {{targets: [{{provider: both, model_ref: any-api}}]}}
   pinned: {{targets: [{{provider: both, model_ref: chat-only, api: openai_chat}}]}}
+  dyn:
+    strategy: dynamic_score
+    targets: [{{provider: both, model_ref: d1}}, {{provider: both, model_ref: d2}}]
 """)
 ENV = {"LOCAL_KEY": "provider-key", "ANTH_KEY": "anth-key"}
 
@@ -123,6 +126,21 @@ def test_explicit_authorization_header_still_gets_the_bearer_prefix() -> None:
                              Dialect.OPENAI_CHAT, "k") == ("authorization", "Api-Key k")
 
 
+def test_affinity_applies_to_dynamic_groups_and_skips_stateful_sessions(gateway: Gateway):
+    chat = {"model": "dyn", "messages": [{"role": "user", "content": "hi"}]}
+    first = forward(gateway, "/v1/chat/completions", chat)
+    assert first.decision.trace.affinity == "miss_created"
+    assert forward(gateway, "/v1/chat/completions", chat).decision.trace.affinity == "hit"
+    session = forward(gateway, "/v1/chat/completions", chat, **{"x-session-id": "s-1"})
+    assert session.decision.trace.affinity == "not_applicable"
+    stateful = {"model": "dyn", "input": "hi", "previous_response_id": "resp_1"}
+    assert forward(gateway, "/v1/responses", stateful).decision.trace.affinity == (
+        "not_applicable")
+    weighted = {"model": "g", "messages": [{"role": "user", "content": "hi"}]}
+    assert forward(gateway, "/v1/chat/completions", weighted).decision.trace.affinity == (
+        "not_applicable")
+
+
 def test_keyless_provider_still_strips_the_caller_token(gateway: Gateway) -> None:
     outcome = forward(gateway, "/v1/chat/completions", {"model": "k"})
     assert {"authorization", "x-api-key"} <= set(outcome.remove_headers)
@@ -143,7 +161,7 @@ def reply(outcome: object) -> tuple[int, dict]:
 def test_models_list_is_answered_from_config(gateway: Gateway) -> None:
     status, body = reply(gateway.on_headers(headers("/v1/models", "GET"), True))
     assert status == 200
-    assert [m["id"] for m in body["data"]] == ["g", "c", "k", "multi", "pinned"]
+    assert [m["id"] for m in body["data"]] == ["g", "c", "k", "multi", "pinned", "dyn"]
     status, body = reply(gateway.on_headers(
         headers("/v1/models", "GET", **{"anthropic-version": "2023-06-01"}), True))
     assert body["data"][0] == {"type": "model", "id": "g", "display_name": "g",

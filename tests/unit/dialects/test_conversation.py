@@ -60,7 +60,7 @@ def test_openai_system_message_normalizes_like_anthropic_system() -> None:
     {"messages": [{"role": "assistant", "content": "Fix my bug"}]},             # role
     {"messages": [{"role": "system", "content": "x"}, FIRST]},                  # system context
     {"messages": [{"role": "user", "content": [{"type": "text", "text": "Fix my bug"},
-                                               {"type": "text", "text": ""}]}]},  # parts
+                                               {"type": "text", "text": "!"}]}]},  # parts
 ])
 def test_different_openings_give_different_keys(changed: dict) -> None:
     assert key(changed) != key({"messages": [FIRST]})
@@ -77,6 +77,51 @@ def test_sending_only_the_new_turn_is_a_different_conversation() -> None:
     assert key({"messages": [{"role": "user", "content": "and now?"}]}) != key(
         {"messages": [FIRST, {"role": "assistant", "content": "ok"},
                       {"role": "user", "content": "and now?"}]})
+
+
+def test_responses_system_items_are_system_context_not_the_first_message() -> None:
+    shared = {"role": "developer", "content": "You are a coding agent."}
+    one = key({"input": [shared, {"role": "user", "content": "task 1"}]}, RESPONSES)
+    two = key({"input": [shared, {"role": "user", "content": "task 2"}]}, RESPONSES)
+    assert one != two
+    assert one == key({"instructions": "You are a coding agent.",
+                       "input": [{"role": "user", "content": "task 1"}]}, RESPONSES)
+
+
+def test_non_message_openings_do_not_collide() -> None:
+    outputs = [key({"input": [{"type": "function_call_output", "call_id": c, "output": "x"}]},
+                   RESPONSES) for c in ("a", "b")]
+    assert outputs[0] != outputs[1]
+    calls = [key({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})
+        for c in ("a", "b")]
+    assert calls[0] != calls[1]
+
+
+def test_cache_markers_and_empty_text_do_not_change_the_key() -> None:
+    doc = {"type": "document", "source": {"type": "text", "data": "d"}}
+    marked = {**doc, "cache_control": {"type": "ephemeral"}}
+    assert key({"messages": [{"role": "user", "content": [doc]}]}, MESSAGES) == key(
+        {"messages": [{"role": "user", "content": [marked]}]}, MESSAGES)
+    assert key({"system": "", "messages": [FIRST]}, MESSAGES) == key({"messages": [FIRST]},
+                                                                      MESSAGES)
+
+
+def test_long_strings_enter_by_digest_and_differ_when_they_differ() -> None:
+    image = "data:image/png;base64," + "A" * 3_000_000
+    same = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image}}]}]}
+    other = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image[:-1] + "B"}}]}]}
+    assert key(same) == key(same) != key(other)
+
+
+def test_absurdly_deep_content_gives_no_key_instead_of_failing() -> None:
+    deep: object = "x"
+    for _ in range(5_000):
+        deep = [deep]
+    assert conversation_key("a", "g", CHAT, {"messages": [{"role": "user",
+                                                           "content": [deep]}]}) is None
 
 
 def test_responses_input_without_messages() -> None:
