@@ -168,14 +168,9 @@ def end_to_end(count: int, body: bytes) -> dict[str, tuple[float, float]]:
 
         config = Path(workdir) / "config.yaml"
         config.write_text(config_text(providers.base_url("bench")))
-        up = UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"})
-        try:
-            up.start()
+        with UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"}).running() as up:
             results["Envoy + sidecar (dynamic_score)"] = summarize(asyncio.run(
                 timed_requests(up.listen_port, "/v1/chat/completions", body, count)))
-        finally:
-            up.interrupt()
-            up.kill()
     return results
 
 

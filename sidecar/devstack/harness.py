@@ -4,6 +4,7 @@ background thread, and `sidecar up` as a child process whose banner is parsed.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -134,6 +135,16 @@ class UpProcess:
         assert self.process.stdout is not None
         self.banner.extend(self.process.stdout.read().splitlines())
         return code
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[UpProcess]:
+        """Started on entry; Ctrl-C'd (and, failing that, killed) on exit."""
+        try:
+            yield self.start()
+        finally:
+            if self.process is not None and self.process.poll() is None:
+                self.interrupt()
+            self.kill()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

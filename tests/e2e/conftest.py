@@ -146,13 +146,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env["TEST_TOKEN_B"] = TOKEN_B
         up = UpProcess(["--config", str(config_file), "--log-decisions"], env=env,
                        log_path=workdir / "up.log")
-        try:
-            up.start()
+        with up.running():
             yield Stack(up, providers)
-        finally:
-            if up.process is not None and up.process.poll() is None:
-                up.interrupt()
-            up.kill()
 
 
 @pytest.fixture

@@ -75,13 +75,8 @@ def start(tmp: Path, enabled: bool = True) -> Iterator[Stack]:
     with ProviderThread(fakes) as providers:
         (tmp / "config.yaml").write_text(config(providers, enabled))
         up = UpProcess(["--config", str(tmp / "config.yaml")], log_path=tmp / "up.log")
-        try:
-            up.start()
+        with up.running():
             yield Stack(up, providers)
-        finally:
-            if up.process is not None and up.process.poll() is None:
-                up.interrupt()
-            up.kill()
 
 
 @pytest.fixture(scope="module")
