@@ -17,7 +17,6 @@ from sidecar.dialects.shape import request_shape
 from sidecar.gateway.handler import scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
-from sidecar.routing.request import RequestSummary
 from sidecar.routing.router import Router
 
 
@@ -63,13 +62,7 @@ def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
         ceiling = match[0].spend_ceiling_usd
     group = config.models[group_name]
     shape = request_shape(dialect, payload, scan_limit(group))
-    summary = RequestSummary(
-        group=group_name, caller=caller or "explain", dialect=dialect, stream=shape.stream,
-        has_tools=shape.has_tools, tool_forced=shape.tool_forced, has_images=shape.has_images,
-        reasoning=shape.reasoning, max_tokens_cap=shape.max_tokens_cap,
-        prompt_chars=shape.prompt_chars, prompt_sample=shape.prompt_sample,
-        spend_ceiling_usd=ceiling,
-    )
+    summary = shape.summary(group_name, caller or "explain", dialect, ceiling)
     return Router(config).decide(summary, snapshot)
 
 

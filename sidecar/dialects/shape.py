@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.apis import Dialect
-from sidecar.routing.request import Reasoning
+from sidecar.routing.request import Reasoning, RequestSummary
 
 _IMAGE_PARTS = {"image_url", "image", "input_image"}
 _TEXT_PARTS = {"text", "input_text", "output_text"}
@@ -29,6 +29,18 @@ class RequestShape:
     max_tokens_cap: int | None
     prompt_chars: int
     prompt_sample: str
+
+    def summary(self, group: str, caller: str, dialect: Dialect,
+                spend_ceiling_usd: float | None = None,
+                conversation_key: bytes | None = None) -> RequestSummary:
+        """What the routing core gets: this shape plus who asked for which group."""
+        return RequestSummary(
+            group=group, caller=caller, dialect=dialect, stream=self.stream,
+            has_tools=self.has_tools, tool_forced=self.tool_forced, has_images=self.has_images,
+            reasoning=self.reasoning, max_tokens_cap=self.max_tokens_cap,
+            prompt_chars=self.prompt_chars, prompt_sample=self.prompt_sample,
+            spend_ceiling_usd=spend_ceiling_usd, conversation_key=conversation_key,
+        )
 
 
 def request_shape(dialect: Dialect, payload: dict[str, Any], scan_limit: int) -> RequestShape:

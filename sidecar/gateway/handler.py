@@ -24,7 +24,6 @@ from sidecar.gateway.outcome import Forward, Reply
 from sidecar.gateway.runtime import Runtime
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
-from sidecar.routing.request import RequestSummary
 
 # Caller credentials and caller-scoped headers that must never reach a provider.
 CALLER_ONLY_HEADERS = (
@@ -110,21 +109,9 @@ class Gateway:
 
         group = self._runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
-        summary = RequestSummary(
-            group=model,
-            caller=pending.caller.name,
-            dialect=pending.dialect,
-            stream=shape.stream,
-            has_tools=shape.has_tools,
-            tool_forced=shape.tool_forced,
-            has_images=shape.has_images,
-            reasoning=shape.reasoning,
-            max_tokens_cap=shape.max_tokens_cap,
-            prompt_chars=shape.prompt_chars,
-            prompt_sample=shape.prompt_sample,
-            spend_ceiling_usd=pending.caller.spend_ceiling_usd,
-            conversation_key=_conversation_key(pending, model, group, payload),
-        )
+        summary = shape.summary(model, pending.caller.name, pending.dialect,
+                                pending.caller.spend_ceiling_usd,
+                                _conversation_key(pending, model, group, payload))
         decision = self._runtime.router.decide(summary, self._observations)
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
