@@ -103,18 +103,19 @@ def chat(stack: Stack, group: str, stream: bool) -> None:
 @pytest.mark.parametrize(("name", "latency_ms"), [("fast", 30), ("slow", 300)])
 def test_ttfb_latency_and_throughput_match_the_provider(stack: Stack, name: str,
                                                         latency_ms: float) -> None:
-    for _ in range(6):
-        chat(stack, f"{name}-group", stream=False)
-        chat(stack, f"{name}-group", stream=True)
-    figures = stack.wait_for(f"{name}/{name}-m", 12)
-    assert figures["outcomes"] == {"ok": 12}
+    # 20 JSON replies and 4 streams: p95 is the 23rd of 24 values, so one scheduling hiccup
+    # on a busy 2-core machine cannot decide it, and the top values are the streams.
+    for index in range(24):
+        chat(stack, f"{name}-group", stream=index % 6 == 5)
+    figures = stack.wait_for(f"{name}/{name}-m", 24)
+    assert figures["outcomes"] == {"ok": 24}
     assert figures["p95_ttfb_ms"] == pytest.approx(latency_ms, rel=0.2)
     # The stream's 14 events are 20 ms apart after the first: latency + 13 × 20 ms.
     stream_ms = latency_ms + 13 * 20
     assert figures["p95_latency_ms"] == pytest.approx(stream_ms, rel=0.2)
     # 10 output tokens per response; the time-weighted mean over JSON replies (upstream
     # time ≈ latency) and streams (≈ latency + 260 ms): all tokens / all generation time.
-    expected = 20 / ((latency_ms + stream_ms) / 1000)
+    expected = 24 * 10 / ((20 * latency_ms + 4 * stream_ms) / 1000)
     assert figures["output_tokens_per_s"] == pytest.approx(expected, rel=0.2)
 
 
