@@ -59,12 +59,18 @@ def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
                       f"callers: [{{name: a, token_sha256: {digest}}}]\n"
                       "models: {g: {targets: [{provider: p, model_ref: m}]}}\n")
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config", str(config),
-                                "--listen", f"127.0.0.1:{port}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--config", str(config),
+             "--listen", f"127.0.0.1:{port}", "--admin-http", f"127.0.0.1:{free_port()}"],
+            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=30)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=30)
+            except grpc.FutureTimeoutError:
+                raise AssertionError(f"serve did not come up: {log.read_text()}") from None
             stub = health_pb2_grpc.HealthStub(channel)
             for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
