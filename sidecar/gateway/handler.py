@@ -92,6 +92,10 @@ class Gateway:
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
+        limit = self._runtime.config.limits.max_request_body_bytes
+        if len(body) > limit:  # Envoy's buffer enforces only limits above its 1 MiB default
+            return _error(ClientError(413, f"Request body is larger than {limit} bytes"),
+                          anthropic)
         try:
             parsed = parse_body(body)
         except BodyError as exc:

@@ -42,7 +42,7 @@ def config(providers: ProviderThread, observations_enabled: bool = True) -> str:
                  f"{hashlib.sha256(TOKEN.encode()).hexdigest()}}}]")
     lines.append(f"observations: {{enabled: {str(observations_enabled).lower()}, "
                  "flush_interval_ms: 50, refresh_ms: 10}")
-    lines.append("limits: {request_timeout_seconds: 1}")
+    lines.append("limits: {request_timeout_seconds: 1, max_request_body_bytes: 65536}")
     lines.append("models:")
     for name in ("fast", "slow", "limited", "hang", "drip", "claude"):
         lines.append(f"  {name}-group: {{targets: [{{provider: {name}, model_ref: {name}-m}}]}}")
@@ -145,6 +145,21 @@ def test_429_counts_as_an_error_and_a_timeout_as_a_timeout(stack: Stack) -> None
     hang = stack.wait_for("hang/hang-m", 1)
     assert hang["outcomes"] == {"upstream_timeout": 1}
     assert hang["timeout_rate"] == 1.0 and hang["error_rate"] == 0.0
+
+
+def test_a_body_over_the_limit_is_a_json_413_in_the_callers_dialect(stack: Stack) -> None:
+    big = {"model": "fast-group", "max_tokens": 5,
+           "messages": [{"role": "user", "content": "x" * 100_000}]}
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    openai_like = httpx.post(stack.up.base_url + "/v1/chat/completions", json=big,
+                             headers=headers, timeout=10)
+    assert openai_like.status_code == 413
+    assert openai_like.json()["error"]["type"] == "invalid_request_error"
+    assert "larger than 65536 bytes" in openai_like.json()["error"]["message"]
+    anthropic_like = httpx.post(stack.up.base_url + "/v1/messages", json=big,
+                                headers=headers, timeout=10)
+    assert anthropic_like.status_code == 413
+    assert anthropic_like.json()["error"]["type"] == "request_too_large"
 
 
 def test_client_disconnect_is_client_cancel(stack: Stack) -> None:
