@@ -1,8 +1,9 @@
 """Demo providers: a small asyncio HTTP/1.1 server hosting named fake LLM providers.
 
 Each provider lives under its own path prefix (``http://host:port/<name>/v1``) and speaks
-OpenAI Chat and/or Anthropic Messages, as JSON or SSE. Knobs (latency, inter-event delay,
-forced status, connection reset) make it usable for failure tests; every request is
+OpenAI Chat and Anthropic Messages (JSON or SSE) and the OpenAI Responses API (JSON).
+Knobs (latency, inter-event delay, forced status, connection reset) make it usable for
+failure tests; every request is
 recorded (method, path, headers, JSON body) so tests can assert what the upstream received.
 The same code serves `sidecar up`, `sidecar demo-providers` and the test-suite.
 """
@@ -115,7 +116,7 @@ class ProviderServer:
         provider.received.append(request)
         endpoint = "/" + rest.split("?", 1)[0]
         anthropic = endpoint == "/v1/messages"
-        if endpoint not in ("/v1/chat/completions", "/v1/messages"):
+        if endpoint not in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
             await _respond(writer, 404, wire.openai_error(404, f"unknown endpoint {endpoint}"))
             return True
         error = wire.anthropic_error if anthropic else wire.openai_error
@@ -140,6 +141,12 @@ class ProviderServer:
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
             provider.name, payload, len(request.body), behaviour.text,
         )
+        if endpoint == "/v1/responses":
+            if payload.get("stream") is True:
+                await _respond(writer, 400, error(400, "demo Responses API is unary only"))
+            else:
+                await _respond(writer, 200, wire.responses_json(completion))
+            return True
         if payload.get("stream") is not True:
             body = wire.anthropic_json(completion) if anthropic else wire.openai_json(completion)
             await _respond(writer, 200, body)

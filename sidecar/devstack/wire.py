@@ -1,6 +1,7 @@
 """Provider-side wire formats for the demo providers: OpenAI Chat and Anthropic Messages,
-as JSON bodies and as SSE event sequences, shaped like the real APIs so the official SDKs
-parse them. Deterministic text: "Hello from <provider> serving <model>." split into words."""
+as JSON bodies and as SSE event sequences, and OpenAI Responses (JSON), shaped like the real
+APIs so the official SDKs parse them. Deterministic text: "Hello from <provider> serving
+<model>." split into words."""
 
 from __future__ import annotations
 
@@ -94,6 +95,26 @@ def openai_events(c: Completion, include_usage: bool) -> Iterator[bytes]:
             "choices": [], "usage": openai_usage(c),
         })
     yield b"data: [DONE]\n\n"
+
+
+def responses_json(c: Completion) -> bytes:
+    """OpenAI Responses API reply (non-streaming)."""
+    return json.dumps({
+        "id": c.id.replace("chatcmpl", "resp"),
+        "object": "response",
+        "created_at": _CREATED,
+        "status": "incomplete" if c.truncated else "completed",
+        "model": c.model,
+        "output": [{
+            "type": "message", "id": "msg_" + c.id, "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": c.text, "annotations": []}],
+        }],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens,
+                  "total_tokens": c.prompt_tokens + c.completion_tokens},
+    }).encode()
 
 
 def openai_error(status: int, message: str) -> bytes:

@@ -138,3 +138,18 @@ def test_a_two_megabyte_request_is_routed_and_arrives_intact(
     (request,) = served
     assert request.json()["messages"][0]["content"] == prompt
     assert request.json()["model"] in {"model-60", "model-25", "model-5"}
+
+
+def test_responses_api_reaches_only_targets_that_speak_it(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    """In the SPEC group only the openai target speaks the Responses API natively."""
+    for i in range(3):
+        response = client(stack).responses.create(model="adaptive-agent",
+                                                  input=f"Say hi, round {i}")
+        assert response.output_text.startswith("Hello from openai serving gpt-5.4-nano")
+    served = _served_by(providers, SPEC_TARGETS)
+    assert [name for name, _ in served] == ["openai"] * 3
+    _, request = served[0]
+    assert request.path == "/openai/v1/responses"
+    assert_clean_upstream(request, "openai", "gpt-5.4-nano")
