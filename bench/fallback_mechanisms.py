@@ -20,24 +20,16 @@ Loopback only; every process it starts it also stops.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
-import yaml
-from observation_cost import TOKEN, config_text, cpu_seconds
+from mode_runner import HTTP_OPTIONS, TOKEN, compare, grpc_cluster, publish, run_mode, table
 
-from sidecar.config import load_config_text
-from sidecar.devstack.harness import ProviderThread, free_port
+from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import FakeProvider
-from sidecar.devstack.stack import start_envoy
-from sidecar.envoy_config.addresses import EnvoyAddresses
-from sidecar.envoy_config.render import render_envoy_yaml
 
 UPSTREAM_PROCESSOR = '''
 import asyncio, json, sys, grpc
@@ -70,7 +62,6 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 '''
-_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def add_upstream_processor(document: dict, port: int, with_body: bool) -> None:
@@ -85,18 +76,11 @@ def add_upstream_processor(document: dict, port: int, with_body: bool) -> None:
                       "UpstreamCodec"}
     for cluster in document["static_resources"]["clusters"]:
         if cluster["name"].startswith("target__"):
-            options = cluster["typed_extension_protocol_options"][_HTTP_OPTIONS]
+            options = cluster["typed_extension_protocol_options"][HTTP_OPTIONS]
             options["http_filters"] = [
                 {"name": "envoy.filters.http.ext_proc", "typed_config": processor},
                 {"name": "envoy.filters.http.upstream_codec", "typed_config": codec}]
-    document["static_resources"]["clusters"].append({
-        "name": "retarget", "type": "STATIC", "connect_timeout": "1s",
-        "typed_extension_protocol_options": {_HTTP_OPTIONS: {
-            "@type": "type.googleapis.com/" + _HTTP_OPTIONS,
-            "explicit_http_config": {"http2_protocol_options": {}}}},
-        "load_assignment": {"cluster_name": "retarget", "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1",
-                                                         "port_value": port}}}}]}]}})
+    document["static_resources"]["clusters"].append(grpc_cluster("retarget", port))
 
 
 async def latencies(port: int, count: int) -> list[float]:
@@ -112,48 +96,11 @@ async def latencies(port: int, count: int) -> list[float]:
     return results
 
 
-def processor_streams(admin_port: int) -> int:
-    stats = httpx.get(f"http://127.0.0.1:{admin_port}/stats?filter=cluster.retarget."
-                      "upstream_rq_total", timeout=5).text
-    return sum(int(line.rsplit(":", 1)[1]) for line in stats.splitlines() if ":" in line)
-
-
-def run_mode(mode: str, count: int, provider_url: str, workdir: Path) -> dict[str, float]:
-    listen, admin, grpc_port, processor_port = (free_port() for _ in range(4))
-    config = workdir / f"{mode}.yaml"
-    config.write_text(config_text(provider_url, observations=False))
-    document = yaml.safe_load(render_envoy_yaml(
-        load_config_text(config.read_text()),
-        EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{admin}",
-                       ext_proc=f"127.0.0.1:{grpc_port}")))
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
-         f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{free_port()}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    if mode != "router_only":
-        add_upstream_processor(document, processor_port, with_body=mode == "upstream_with_body")
-        processes.append(subprocess.Popen([sys.executable, "-c", UPSTREAM_PROCESSOR,
-                                           f"127.0.0.1:{processor_port}"]))
-    envoy_file = workdir / f"{mode}-envoy.yaml"
-    envoy_file.write_text(yaml.safe_dump(document))
-    envoy = start_envoy(envoy_file, "error")
-    try:
-        time.sleep(2.0)
-        asyncio.run(latencies(listen, 50))  # warm-up
-        python_before = sum(cpu_seconds(p.pid) for p in processes)
-        envoy_before = cpu_seconds(envoy.pid)
-        measured = sorted(asyncio.run(latencies(listen, count)))
-        python_cpu = sum(cpu_seconds(p.pid) for p in processes) - python_before
-        envoy_cpu = cpu_seconds(envoy.pid) - envoy_before
-        if mode != "router_only" and processor_streams(admin) < count:
-            raise RuntimeError("the upstream processor did not see every attempt")
-    finally:
-        for process in [envoy, *processes]:
-            process.terminate()
-            process.wait(10)
-    return {"p50": statistics.median(measured), "p99": measured[int(len(measured) * .99) - 1],
-            "python_cpu_per_1k": python_cpu / count * 1000,
-            "envoy_cpu_per_1k": envoy_cpu / count * 1000}
+def one_run(mode: str, count: int, provider_url: str, workdir: Path) -> dict[str, float]:
+    extend = (None if mode == "router_only" else
+              partial(add_upstream_processor, with_body=mode == "upstream_with_body"))
+    return run_mode(mode, provider_url, workdir, count, latencies, extend=extend,
+                    helper_source=UPSTREAM_PROCESSOR, helper_cluster="retarget")
 
 
 def main() -> int:
@@ -162,27 +109,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    modes = ("router_only", "upstream_headers_only", "upstream_with_body")
-    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with ProviderThread([FakeProvider("bench")]) as providers, \
             tempfile.TemporaryDirectory() as workdir:
-        for _ in range(args.rounds):
-            for mode in modes:
-                runs[mode].append(run_mode(mode, args.requests, providers.base_url("bench"),
-                                           Path(workdir)))
-    lines = [f"## Per-attempt upstream ext_proc: {args.rounds} interleaved rounds of "
-             f"{args.requests} 1 KB requests, concurrency 1; medians", "",
-             "| mode | p50 ms | p99 ms | Python CPU s / 1k req | Envoy CPU s / 1k req |",
-             "| --- | --- | --- | --- | --- |"]
-    for mode in modes:
-        r = {key: statistics.median(run[key] for run in runs[mode]) for key in runs[mode][0]}
-        lines.append(f"| {mode} | {r['p50']:.2f} | {r['p99']:.2f} | "
-                     f"{r['python_cpu_per_1k']:.2f} | {r['envoy_cpu_per_1k']:.2f} |")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
+        run = partial(one_run, count=args.requests, provider_url=providers.base_url("bench"),
+                      workdir=Path(workdir))
+        medians = compare(("router_only", "upstream_headers_only", "upstream_with_body"),
+                          args.rounds, run)
+    publish(table(f"Per-attempt upstream ext_proc: {args.rounds} interleaved rounds of "
+                  f"{args.requests} 1 KB requests, concurrency 1; medians", medians),
+            args.output)
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from mode_runner import publish
 
 from sidecar.config import load_config_text
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
@@ -193,11 +194,7 @@ def main() -> int:
     routed = results["Envoy + sidecar (dynamic_score)"]
     lines += ["", f"Added by the sidecar over Envoy direct: p50 {routed[0] - base[0]:+.2f} ms, "
               f"p99 {routed[1] - base[1]:+.2f} ms."]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
+    publish("\n".join(lines) + "\n", args.output)
     return 0
 
 
