@@ -26,10 +26,6 @@ class Outcome(StrEnum):
         """Counts against the target's error rate (timeouts have their own rate)."""
         return self in _ERRORS
 
-    @property
-    def is_timeout(self) -> bool:
-        return self is Outcome.UPSTREAM_TIMEOUT
-
 
 _ERRORS = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_FAILURE,
                      Outcome.RESET, Outcome.DECODE_ERROR, Outcome.PROVIDER_REJECTED})

@@ -60,20 +60,3 @@ class DecisionTrace:
             row["term_value_bucket"] = (None if candidate.term_value is None
                                         else bucket(candidate.term_value))
         return data
-
-    def summary(self) -> str:
-        """One log line: stages and buckets, no numbers beyond counts."""
-        parts = [f"strategy={self.strategy}", f"targets={self.target_count}",
-                 f"candidates={self.candidate_count}",
-                 f"order={self.order}"]
-        if self.complexity:
-            parts.append(f"complexity={self.complexity}")
-        if self.cold_start:
-            parts.append(f"cold_start={self.cold_start}")
-        if self.score_terms:
-            parts.append("terms=" + ",".join(self.score_terms))
-        if self.thresholds_relaxed:
-            parts.append("thresholds_relaxed")
-        parts.append(f"affinity={self.affinity}")
-        parts += [f"excluded[{t}]={s}" for t, s in self.exclusions]
-        return " ".join(parts)

@@ -170,6 +170,11 @@ def test_client_disconnect_is_client_cancel(stack: Stack) -> None:
         next(response.iter_raw())  # first event arrived; now hang up
     figures = stack.wait_for("drip/drip-m", 1)
     assert figures["outcomes"] == {"client_cancel": 1}
+    # Envoy cancelled the upstream request too: the provider's next write failed.
+    deadline = time.monotonic() + 5
+    while stack.providers.provider("drip").cancelled < 1:
+        assert time.monotonic() < deadline, "the provider never saw the disconnect"
+        time.sleep(0.05)
 
 
 def inter_arrival_ms(stack: Stack) -> list[float]:
