@@ -83,6 +83,22 @@ PAIRS: tuple[tuple[Rule, Rule], ...] = (
 )
 
 
+# What each subject means to a caller who got nothing (no target names: those are the
+# operator's business). `{dialect}` is the caller's API.
+_CALLER_WORDS = (
+    "none speaks the {dialect} API",
+    "image input needs a target that accepts images",
+    "tool use needs a target with tool support",
+    "an explicit max-token cap needs a target that honors it",
+    "reasoning/thinking needs a target with reasoning support",
+)
+CALLER_WORDS: dict[str, str] = {
+    f"{prefix}.{rule.__name__}": words
+    for (baseline, hard), words in zip(PAIRS, _CALLER_WORDS, strict=True)
+    for prefix, rule in (("eligibility", baseline), ("hard_filters", hard))
+}
+
+
 def active_rules(hard_filters: HardFilters | None) -> list[tuple[str, Rule]]:
     """The named rules one decision applies: per subject, the hard filter when the group's
     policy enables it, else the baseline rule. Every hard filter excludes at least what its

@@ -10,25 +10,15 @@ from sidecar.apis import Dialect
 from sidecar.config.models import ModelGroup, Target
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import TargetChoice
-from sidecar.routing.eligibility import active_rules
+from sidecar.routing.eligibility import CALLER_WORDS, active_rules
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
 from sidecar.routing.trace import DecisionTrace
 
 SPEND_CEILING = "spend_ceiling"
 
-# Caller-facing words for each stage (no target names: they are the operator's business).
-# Checked in order; the first fragment found in the stage name decides.
-_WHY = (
-    ("contract.", "the group's contract excludes the rest"),
-    ("api_skin", "none speaks the {dialect} API"),
-    ("tool", "tool use needs a target with tool support"),
-    ("modalit", "image input needs a target that accepts images"),
-    ("image", "image input needs a target that accepts images"),
-    ("max_tokens", "an explicit max-token cap needs a target that honors it"),
-    ("reasoning", "reasoning/thinking needs a target with reasoning support"),
-    (SPEND_CEILING, "the estimated cost exceeds your spend ceiling"),
-)
+_CONTRACT_WORDS = "the group's contract excludes the rest"
+_SPEND_WORDS = "the estimated cost exceeds your spend ceiling"
 
 
 def output_budget(request: RequestSummary) -> int:
@@ -66,11 +56,14 @@ def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
     """Why nothing is left, in words a caller can act on."""
     reasons: list[str] = []
     for _, stage in trace.exclusions:
-        for fragment, words in _WHY:
-            if fragment in stage:
-                text = words.format(dialect=request.dialect.value)
-                if text not in reasons:
-                    reasons.append(text)
-                break
+        if stage.startswith("contract."):
+            words = _CONTRACT_WORDS
+        elif stage == SPEND_CEILING:
+            words = _SPEND_WORDS
+        else:
+            words = CALLER_WORDS.get(stage, "")
+        text = words.format(dialect=request.dialect.value)
+        if text and text not in reasons:
+            reasons.append(text)
     detail = "; ".join(reasons) or "no target is eligible"
     return f"No target of model group '{request.group}' can serve this request: {detail}."
