@@ -19,17 +19,12 @@ Loopback only; every process it starts it also stops.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
 
 import httpx
-from mode_runner import HTTP_OPTIONS, TOKEN, compare, grpc_cluster, publish, run_mode, table
-
-from sidecar.devstack.harness import ProviderThread
-from sidecar.devstack.providers import FakeProvider
+from mode_runner import HTTP_OPTIONS, TOKEN, comparison_main, grpc_cluster, run_mode
 
 UPSTREAM_PROCESSOR = '''
 import asyncio, json, sys, grpc
@@ -104,21 +99,9 @@ def one_run(mode: str, count: int, provider_url: str, workdir: Path) -> dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400, help="per run")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
-    with ProviderThread([FakeProvider("bench")]) as providers, \
-            tempfile.TemporaryDirectory() as workdir:
-        run = partial(one_run, count=args.requests, provider_url=providers.base_url("bench"),
-                      workdir=Path(workdir))
-        medians = compare(("router_only", "upstream_headers_only", "upstream_with_body"),
-                          args.rounds, run)
-    publish(table(f"Per-attempt upstream ext_proc: {args.rounds} interleaved rounds of "
-                  f"{args.requests} 1 KB requests, concurrency 1; medians", medians),
-            args.output)
-    return 0
+    return comparison_main("Per-attempt upstream ext_proc",
+                           ("router_only", "upstream_headers_only", "upstream_with_body"),
+                           one_run, default_requests=400, workload="1 KB requests")
 
 
 if __name__ == "__main__":

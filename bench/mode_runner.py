@@ -10,12 +10,14 @@ every mode alike, and `table`/`publish` write the Markdown report.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -24,7 +26,8 @@ import httpx
 import yaml
 
 from sidecar.config import load_config_text
-from sidecar.devstack.harness import free_port
+from sidecar.devstack.harness import ProviderThread, free_port
+from sidecar.devstack.providers import FakeProvider
 from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import render_envoy_yaml
@@ -136,6 +139,27 @@ def table(title: str, medians: Medians, notes: Sequence[str] = ()) -> str:
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
+
+
+OneRun = Callable[[str, int, str, Path], dict[str, float]]  # (mode, count, provider, dir)
+
+
+def comparison_main(description: str, modes: Sequence[str], one_run: OneRun,
+                    default_requests: int, workload: str, notes: Sequence[str] = ()) -> int:
+    """Command line shared by the comparison benchmarks: --requests, --rounds, --output."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--requests", type=int, default=default_requests, help="per run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    with ProviderThread([FakeProvider("bench")]) as providers, \
+            tempfile.TemporaryDirectory() as workdir:
+        medians = compare(modes, args.rounds, lambda mode: one_run(
+            mode, args.requests, providers.base_url("bench"), Path(workdir)))
+    title = (f"{description}: {args.rounds} interleaved rounds of {args.requests} {workload}, "
+             "concurrency 1; medians")
+    publish(table(title, medians, notes), args.output)
+    return 0
 
 
 def publish(report: str, output: Path | None) -> None:

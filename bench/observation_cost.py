@@ -15,17 +15,11 @@ Loopback only; every process it starts it also stops.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 import httpx
-from mode_runner import TOKEN, compare, grpc_cluster, publish, run_mode, table
-
-from sidecar.devstack.harness import ProviderThread
-from sidecar.devstack.providers import FakeProvider
+from mode_runner import TOKEN, comparison_main, grpc_cluster, run_mode
 
 OBSERVER = '''
 import asyncio, sys, grpc
@@ -88,21 +82,11 @@ def one_run(mode: str, count: int, provider_url: str, workdir: Path) -> dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600, help="per run")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
-    with ProviderThread([FakeProvider("bench")]) as providers, \
-            tempfile.TemporaryDirectory() as workdir:
-        run = partial(one_run, count=args.requests, provider_url=providers.base_url("bench"),
-                      workdir=Path(workdir))
-        medians = compare(("off", "access_log", "observer_ext_proc"), args.rounds, run)
-    publish(table(f"Observation mechanisms: {args.rounds} interleaved rounds of "
-                  f"{args.requests} streaming requests (14 events), concurrency 1; medians",
-                  medians, ["CPU comes from /proc in 10 ms ticks: differences below ~0.02 s "
-                            "per 1k requests are noise at this request count."]), args.output)
-    return 0
+    return comparison_main(
+        "Observation mechanisms", ("off", "access_log", "observer_ext_proc"), one_run,
+        default_requests=600, workload="streaming requests (14 events)",
+        notes=["CPU comes from /proc in 10 ms ticks: differences below ~0.02 s per 1k "
+               "requests are noise at this request count."])
 
 
 if __name__ == "__main__":
