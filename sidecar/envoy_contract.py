@@ -1,5 +1,6 @@
 """Names shared by the rendered Envoy configuration and the sidecar at request time:
-cluster names, the routing header, and the details string that marks the sidecar's replies.
+cluster names, the metadata namespace that carries a decision's attempt order, and the
+details string that marks the sidecar's replies.
 
 One cluster per target (not per provider) keeps Envoy's statistics and retries per target.
 Names avoid dots so Envoy's stat tag extraction keeps the whole name as `cluster_name`.
@@ -10,7 +11,13 @@ from __future__ import annotations
 import re
 
 EXT_PROC_CLUSTER = "sidecar_ext_proc"
-ROUTE_HEADER = "x-route-cluster"
+# The decision's target order, as dynamic metadata read by Envoy's priority-group cluster
+# specifier: attempt n goes to the n-th cluster (docs/fallback-and-streaming.md).
+ROUTE_NAMESPACE = "sidecar.route"
+# Where a request goes if no order was set (never by design): a cluster with no endpoints.
+NO_TARGET_CLUSTER = "sidecar_no_target"
+# Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.
+CLUSTER_ATTRIBUTE = "xds.cluster_name"
 # `details` of the sidecar's immediate responses; Envoy's local-reply mappers skip these.
 SIDECAR_REPLY_DETAILS = "sidecar_reply"
 
@@ -22,5 +29,6 @@ def target_cluster_name(group: str, index: int, provider: str) -> str:
 
 # Observations: the gRPC access log's name, and where Envoy puts the provider's usage.
 ACCESS_LOG_NAME = "sidecar_observations"
+ATTEMPT_LOG_NAME = "sidecar_attempts"
 USAGE_NAMESPACE = "sidecar.usage"
 USAGE_KEY = "output_tokens"

@@ -166,12 +166,36 @@ Strategy = Literal["weighted", "failover", "dynamic_score"]
 _DEFAULT_DYNAMIC_SCORE = DynamicScorePolicy()
 
 
+class Fallback(StrictModel):
+    """Pre-commit fallback across the decision's targets (docs/fallback-and-streaming.md).
+
+    A failed attempt (connect failure, reset, 429, 5xx, per-try timeout) moves the request
+    to the next target of the decision, but only before the response has started; Envoy
+    never retries once a byte went to the caller."""
+
+    # Primary included: 3 means the primary and at most two fallbacks; 1 turns fallback off.
+    max_attempts: Annotated[PositiveInt, bounded(1, 10)] = 3
+    # Time to the response headers of one attempt. A non-streaming completion sends its
+    # headers only when it is done, so this also bounds unary generation time per attempt.
+    per_try_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 300.0
+    # The whole request, streams included; unset means `limits.request_timeout_seconds`.
+    deadline_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] | None = None
+
+    @model_validator(mode="after")
+    def _per_try_within_deadline(self) -> Fallback:
+        if self.deadline_seconds is not None and (
+                self.per_try_timeout_seconds > self.deadline_seconds):
+            raise ValueError("per_try_timeout_seconds must not exceed deadline_seconds")
+        return self
+
+
 class ModelGroup(StrictModel):
     strategy: Strategy = "weighted"
     description: str | None = None
     targets: list[Target] = Field(min_length=1)
     contract: Contract | None = None
     routing_policy: RoutingPolicy = RoutingPolicy()
+    fallback: Fallback = Fallback()
 
     @property
     def dynamic_score(self) -> DynamicScorePolicy:

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
 
-from sidecar.envoy_contract import ROUTE_HEADER, SIDECAR_REPLY_DETAILS
-from sidecar.gateway.outcome import Forward, Reply
+from sidecar.envoy_contract import CLUSTER_ATTRIBUTE, ROUTE_NAMESPACE, SIDECAR_REPLY_DETAILS
+from sidecar.gateway.outcome import Forward, Reply, Retarget
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -34,11 +35,21 @@ def _set(headers: Iterable[tuple[str, str]]) -> list[HeaderValueOption]:
     ]
 
 
+def attempt_cluster(request: ext.ProcessingRequest) -> str | None:
+    """The target cluster of a per-attempt (retry) stream; None for a router-level stream,
+    which asks Envoy for no attributes."""
+    for attributes in request.attributes.values():
+        value = attributes.fields.get(CLUSTER_ATTRIBUTE)
+        if value is not None:
+            return value.string_value
+    return None
+
+
 def continue_headers(headers: Mapping[str, str]) -> ext.ProcessingResponse:
-    """Let the headers pass, minus what a caller must not control: the routing header and
-    Envoy's x-envoy-* control headers (retry counts, timeouts), which the router would obey.
-    Envoy trusts those from "internal" (e.g. loopback) clients even as an edge proxy."""
-    remove = [ROUTE_HEADER, *(name for name in headers if name.startswith("x-envoy-"))]
+    """Let the headers pass, minus what a caller must not control: Envoy's x-envoy-*
+    control headers (retry counts, timeouts), which the router would obey. Envoy trusts
+    those from "internal" (e.g. loopback) clients even as an edge proxy."""
+    remove = [name for name in headers if name.startswith("x-envoy-")]
     return ext.ProcessingResponse(
         request_headers=ext.HeadersResponse(
             response=ext.CommonResponse(header_mutation=ext.HeaderMutation(remove_headers=remove))
@@ -58,7 +69,28 @@ def immediate(reply: Reply) -> ext.ProcessingResponse:
     )
 
 
+_ORDERS: dict[tuple[str, ...], Struct] = {}
+_ORDERS_MAX = 4096
+
+
+def attempt_order(clusters: tuple[str, ...]) -> Struct:
+    """Dynamic metadata for Envoy's priority-group cluster specifier: one group per attempt,
+    one cluster per group. Orders repeat a lot, so built messages are kept (bounded)."""
+    order = _ORDERS.get(clusters)
+    if order is None:
+        if len(_ORDERS) >= _ORDERS_MAX:
+            _ORDERS.clear()
+        order = Struct()
+        order.update({ROUTE_NAMESPACE: {"priority_groups": [
+            {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
+            for n, cluster in enumerate(clusters, 1)]}})
+        _ORDERS[clusters] = order
+    return order
+
+
 def forward(outcome: Forward) -> ext.ProcessingResponse:
+    """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
+    again (clear_route_cache) so the cluster specifier reads it."""
     return ext.ProcessingResponse(
         request_body=ext.BodyResponse(
             response=ext.CommonResponse(
@@ -68,6 +100,27 @@ def forward(outcome: Forward) -> ext.ProcessingResponse:
                 ),
                 body_mutation=ext.BodyMutation(body=outcome.body),
                 clear_route_cache=True,
+            )
+        ),
+        dynamic_metadata=attempt_order(outcome.attempts),
+    )
+
+
+def continue_attempt() -> ext.ProcessingResponse:
+    return ext.ProcessingResponse(request_headers=ext.HeadersResponse())
+
+
+def retarget(outcome: Retarget) -> ext.ProcessingResponse:
+    """Header mutations made here stay on the request for later attempts, so every
+    per-target header is set or removed on every retry (ARCHITECTURE.md)."""
+    return ext.ProcessingResponse(
+        request_body=ext.BodyResponse(
+            response=ext.CommonResponse(
+                header_mutation=ext.HeaderMutation(
+                    set_headers=_set(outcome.set_headers),
+                    remove_headers=list(outcome.remove_headers),
+                ),
+                body_mutation=ext.BodyMutation(body=outcome.body),
             )
         )
     )

@@ -6,6 +6,7 @@ group and carries what routing needs. Every error is a `Reply` in the caller's d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,12 +19,14 @@ from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
-from sidecar.envoy_contract import ROUTE_HEADER
 from sidecar.gateway.decision_log import log_decision
-from sidecar.gateway.outcome import Forward, Reply
-from sidecar.gateway.runtime import Runtime
+from sidecar.gateway.outcome import Forward, Reply, Retarget
+from sidecar.gateway.retarget import RetargetError, attempt_route, retarget
+from sidecar.gateway.runtime import Runtime, TargetRoute
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
+
+log = logging.getLogger("sidecar.gateway")
 
 # Caller credentials and caller-scoped headers that must never reach a provider.
 CALLER_ONLY_HEADERS = (
@@ -36,6 +39,7 @@ CALLER_ONLY_HEADERS = (
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
+MAX_RETRIES_HEADER = "x-envoy-max-retries"
 _MODELS_PATH = "/v1/models"
 
 
@@ -122,12 +126,18 @@ class Gateway:
         if isinstance(decision, NoEligibleTarget):
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
-        route = self._runtime.routes[(model, decision.primary.index, pending.dialect)]
-        new_body = parsed.with_model(decision.primary.target.model_ref)
+        routes = self._runtime.routes
+        attempts = tuple(
+            routes[(model, choice.index, pending.dialect)].cluster
+            for choice in decision.ordered[:group.fallback.max_attempts])
+        route = routes[(model, decision.primary.index, pending.dialect)]
+        new_body = parsed.with_model(route.model_ref)
         set_headers = [
-            (ROUTE_HEADER, route.cluster),
             (":path", route.path),
             ("content-length", str(len(new_body))),
+            # Retries walk `attempts`; never more of them than there are targets left.
+            (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
+            *self._runtime.attempt_headers[model],
         ]
         if route.credential is not None:
             set_headers.append(route.credential)
@@ -135,7 +145,21 @@ class Gateway:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
         replaced = {name for name, _ in set_headers}
         remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
-        return Forward(route.cluster, route.path, tuple(set_headers), remove, new_body, decision)
+        return Forward(attempts, route.path, tuple(set_headers), remove, new_body, decision)
+
+    def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
+        """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""
+        path = headers.get(":path", "")
+        try:
+            return attempt_route(self._runtime, cluster, path)
+        except RetargetError as exc:
+            return _retry_refused(exc, path)
+
+    def on_attempt_body(self, route: TargetRoute, body: bytes) -> Retarget | Reply:
+        try:
+            return retarget(self._runtime, route, body)
+        except RetargetError as exc:
+            return _retry_refused(exc, route.path)
 
     def _models(self, caller: Caller, path: str, anthropic: bool) -> Reply:
         allowed = self._runtime.groups_for(caller)
@@ -174,6 +198,13 @@ def _presented_token(headers: Mapping[str, str]) -> str | None:
         return value.strip()
     api_key = headers.get("x-api-key", "").strip()
     return api_key or None
+
+
+def _retry_refused(exc: RetargetError, path: str) -> Reply:
+    log.error("fallback attempt refused: %s", exc)
+    anthropic = path.split("?", 1)[0].endswith("/messages")
+    return _error(ClientError(502, "The fallback target could not be prepared for this "
+                                   "request; no further attempt was made"), anthropic)
 
 
 def _error(error: ClientError, anthropic: bool) -> Reply:

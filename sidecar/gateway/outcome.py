@@ -18,11 +18,21 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Send the request to `cluster` with these rewrites applied."""
+    """Send the request upstream with these rewrites applied: the first attempt to
+    `attempts[0]`, each retry (before the response started) to the next cluster."""
 
-    cluster: str
+    attempts: tuple[str, ...]
     path: str
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: tuple[str, ...]
     body: bytes
     decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Retarget:
+    """Rewrite a retry's copy of the request for its own target: path, credential, model."""
+
+    set_headers: tuple[tuple[str, str], ...]
+    remove_headers: tuple[str, ...]
+    body: bytes

@@ -1,5 +1,6 @@
 """Everything the gateway needs at request time, computed once from the configuration:
-caller token digests, per-target upstream cluster, path and credential header."""
+caller token digests, per-target upstream cluster, path, credential header and model, and
+each group's attempt bounds as the Envoy headers that carry them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ class TargetRoute:
     cluster: str
     path: str
     credential: tuple[str, str] | None
+    model_ref: str
+
+
+def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
+    """The group's time bounds as Envoy router headers (the route is shared by all groups):
+    the per-attempt timeout to response headers, and the deadline of the whole request."""
+    fallback = config.models[group].fallback
+    deadline = fallback.deadline_seconds or config.limits.request_timeout_seconds
+    return (
+        ("x-envoy-upstream-rq-per-try-timeout-ms",
+         str(max(1, round(fallback.per_try_timeout_seconds * 1000)))),
+        ("x-envoy-upstream-rq-timeout-ms", str(max(1, round(deadline * 1000)))),
+    )
 
 
 def credential_header(credential: Credential, dialect: Dialect, key: str) -> tuple[str, str]:
@@ -71,6 +85,8 @@ class Runtime:
         # Keyed by (group, target index, dialect): the path and credential header depend on
         # the dialect the caller speaks; the cluster does not (providers are single-origin).
         self.routes: dict[tuple[str, int, Dialect], TargetRoute] = {}
+        # The same routes by (cluster, dialect), for retargeting a retry to its cluster.
+        self.cluster_routes: dict[tuple[str, Dialect], TargetRoute] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
@@ -81,9 +97,15 @@ class Runtime:
                     if provider.credential is not None:
                         key = keys[target.provider]
                         header = credential_header(provider.credential, dialect, key)
-                    self.routes[(group_name, index, dialect)] = TargetRoute(
-                        cluster=cluster, path=base_path + dialect.endpoint, credential=header
-                    )
+                    route = TargetRoute(cluster=cluster, path=base_path + dialect.endpoint,
+                                        credential=header, model_ref=target.model_ref)
+                    self.routes[(group_name, index, dialect)] = route
+                    self.cluster_routes[(cluster, dialect)] = route
+        # Every header that carries some provider's key: a retry to another provider must
+        # not carry the previous target's key along.
+        self.credential_headers = frozenset(
+            route.credential[0] for route in self.routes.values() if route.credential)
+        self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
 
     @property
     def cluster_targets(self) -> dict[str, str]:

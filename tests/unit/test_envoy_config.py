@@ -89,4 +89,5 @@ def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
             ("DNS", cluster.load_assignment.endpoints[0].lb_endpoints[0].endpoint.hostname)]
         assert validation.validation_context.trusted_ca.filename
     assert "sidecar_ext_proc" in clusters
-    assert len(clusters) == 4
+    assert "sidecar_no_target" in clusters  # where a request without an order would go
+    assert len(clusters) == 5

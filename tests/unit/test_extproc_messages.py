@@ -9,6 +9,7 @@ import json
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from google.protobuf import json_format
 from google.protobuf.internal import api_implementation
 
 from sidecar.config import load_config_text
@@ -17,9 +18,16 @@ from sidecar.gateway import Gateway, Runtime
 
 TOKEN = "tok"
 CONFIG = load_config_text(f"""
-providers: {{local: {{base_url: "http://127.0.0.1:9/v1", credential: {{env: K}}}}}}
+providers:
+  local: {{base_url: "http://127.0.0.1:9/v1", credential: {{env: K}}}}
+  other: {{base_url: "http://127.0.0.1:9/other/v1",
+          credential: {{env: K2, header: x-other-key}}}}
 callers: [{{name: a, token_sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}}}]
-models: {{g: {{targets: [{{provider: local, model_ref: real}}]}}}}
+models:
+  g:
+    strategy: failover
+    fallback: {{per_try_timeout_seconds: 20, deadline_seconds: 90}}
+    targets: [{{provider: local, model_ref: real}}, {{provider: other, model_ref: second}}]
 """)
 
 
@@ -36,8 +44,17 @@ def body_message(body: bytes) -> ext.ProcessingRequest:
     return ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
 
 
+def attempt_headers(cluster: str, path: str) -> ext.ProcessingRequest:
+    """What the per-attempt hook on a target cluster sends for a retry."""
+    message = headers_message(path, authorization="Bearer provider-key")
+    message.attributes["envoy.filters.http.ext_proc"].fields[
+        "xds.cluster_name"].string_value = cluster
+    return message
+
+
 def run(*requests: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
-    processor = ExternalProcessor(Gateway(Runtime(CONFIG, {"K": "provider-key"})))
+    processor = ExternalProcessor(Gateway(Runtime(CONFIG, {"K": "provider-key",
+                                                           "K2": "other-key"})))
 
     async def drive() -> list[ext.ProcessingResponse]:
         async def incoming():
@@ -52,17 +69,26 @@ def test_messages_are_upb_backed() -> None:
     assert api_implementation.Type() == "upb"
 
 
-def test_routed_request_sets_cluster_with_raw_values_and_clears_route_cache() -> None:
+def test_routed_request_sets_the_attempt_order_with_raw_values_and_clears_route_cache() -> None:
     first, second = run(headers_message("/v1/chat/completions",
                                         **{"x-envoy-max-retries": "9", "x-route-cluster": "x"}),
                         body_message(b'{"model":"g","messages":[]}'))
     assert list(first.request_headers.response.header_mutation.remove_headers) == [
-        "x-route-cluster", "x-envoy-max-retries"]
+        "x-envoy-max-retries"]
     common = second.request_body.response
     assert common.clear_route_cache is True
+    order = json_format.MessageToDict(second.dynamic_metadata)["sidecar.route"]
+    assert order == {"priority_groups": [
+        {"name": "attempt1", "clusters": [{"cluster_name": "target__g__0__local", "weight": 1}]},
+        {"name": "attempt2", "clusters": [{"cluster_name": "target__g__1__other", "weight": 1}]},
+    ]}
     sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
-    assert sets["x-route-cluster"].raw_value == b"target__g__0__local"
-    assert sets["x-route-cluster"].value == ""  # `value` is ignored by Envoy for mutations
+    assert sets[":path"].raw_value == b"/v1/chat/completions"
+    assert sets[":path"].value == ""  # `value` is ignored by Envoy for mutations
+    assert sets["authorization"].raw_value == b"Bearer provider-key"
+    assert sets["x-envoy-max-retries"].raw_value == b"1"
+    assert sets["x-envoy-upstream-rq-per-try-timeout-ms"].raw_value == b"20000"
+    assert sets["x-envoy-upstream-rq-timeout-ms"].raw_value == b"90000"
     assert all(h.append_action == HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
                for h in common.header_mutation.set_headers)
     assert json.loads(common.body_mutation.body) == {"model": "real", "messages": []}
@@ -91,3 +117,28 @@ def test_unexpected_phase_never_stalls_and_bad_input_never_crashes() -> None:
     assert response.immediate_response.status.code == 500
     _, reply = run(headers_message("/v1/chat/completions"), body_message(b"\x00" * 64))
     assert reply.immediate_response.status.code == 400
+
+
+def test_a_retry_is_rewritten_for_its_own_target_and_drops_the_previous_key() -> None:
+    first, second = run(attempt_headers("target__g__1__other", "/v1/chat/completions"),
+                        body_message(b'{"model":"real","messages":[]}'))
+    assert first.HasField("request_headers")
+    common = second.request_body.response
+    sets = {h.header.key: h.header.raw_value for h in common.header_mutation.set_headers}
+    assert sets[":path"] == b"/other/v1/chat/completions"
+    assert sets["x-other-key"] == b"other-key"
+    assert list(common.header_mutation.remove_headers) == ["authorization"]
+    assert json.loads(common.body_mutation.body) == {"model": "second", "messages": []}
+    assert sets["content-length"] == str(len(common.body_mutation.body)).encode()
+    assert not common.clear_route_cache  # the attempt's cluster is already chosen
+
+
+def test_a_retry_that_cannot_be_rewritten_is_refused_not_sent_with_the_old_key() -> None:
+    (unknown,) = run(attempt_headers("target__nope__0__x", "/v1/chat/completions"))
+    assert unknown.immediate_response.status.code == 502
+    (wrong_dialect,) = run(attempt_headers("target__g__1__other", "/v1/messages"))
+    assert wrong_dialect.immediate_response.status.code == 502
+    assert json.loads(wrong_dialect.immediate_response.body)["type"] == "error"  # Anthropic
+    _, unreadable = run(attempt_headers("target__g__1__other", "/v1/chat/completions"),
+                        body_message(b"not json"))
+    assert unreadable.immediate_response.status.code == 502

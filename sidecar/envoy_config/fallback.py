@@ -1,0 +1,175 @@
+"""Envoy pieces for pre-commit fallback across a decision's targets.
+
+- The route picks its cluster with the priority-group cluster specifier, which reads the
+  decision's order from dynamic metadata (`sidecar.route`): attempt n goes to the n-th
+  cluster. The retry policy moves a failed attempt (connect failure, reset, 429, 5xx,
+  per-try timeout) to the next one; Envoy never retries once the response has started.
+- Each target cluster runs a per-attempt ext_proc hook that rewrites a retry's copy of the
+  request for its own target (path, key, model). A matcher skips it on first attempts, so
+  the happy path pays nothing: the router-level exchange already rewrote for the primary.
+- A header-mutation filter drops the x-envoy-* headers Envoy adds per attempt, so providers
+  see none of Envoy's internals.
+
+envoy-data-plane 2.2 has no class for the priority-group specifier (Envoy 1.40 has the
+extension), so it is added to the rendered document as plain data.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+    HeaderMutation as HeaderMutationRule,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutationRules
+from envoy_data_plane.envoy.config.core.v3 import (
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    TypedExtensionConfig,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
+from envoy_data_plane.envoy.config.route.v3 import RetryPolicy
+from envoy_data_plane.envoy.extensions.common.matching.v3 import ExtensionWithMatcher
+from envoy_data_plane.envoy.extensions.filters.common.matcher.action.v3 import SkipFilter
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import (
+    HeaderMutation,
+    Mutations,
+)
+from envoy_data_plane.envoy.extensions.filters.http.upstream_codec.v3 import UpstreamCodec
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpFilter,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import HttpRequestHeaderMatchInput
+from envoy_data_plane.google.protobuf import Any
+from envoy_data_plane.xds.core.v3 import TypedExtensionConfig as XdsExtensionConfig
+from envoy_data_plane.xds.type.matcher.v3 import (
+    Matcher,
+    MatcherMatcherList,
+    MatcherMatcherListFieldMatcher,
+    MatcherMatcherListPredicate,
+    MatcherMatcherListPredicateSinglePredicate,
+    MatcherOnMatch,
+    StringMatcher,
+)
+
+from sidecar.config.models import SidecarConfig
+from sidecar.envoy_contract import (
+    CLUSTER_ATTRIBUTE,
+    EXT_PROC_CLUSTER,
+    NO_TARGET_CLUSTER,
+    ROUTE_NAMESPACE,
+)
+
+# What moves an attempt to the next target. `5xx` covers resets, connect failures and
+# per-try timeouts too; 429 (rate limited) is added explicitly. Other 4xx are the
+# request's own fault and go back to the caller.
+RETRY_ON = "5xx,reset,connect-failure,retriable-status-codes"
+RETRIABLE_STATUS_CODES = (429,)
+ATTEMPT_HEADER = "x-envoy-attempt-count"
+# Envoy's per-attempt headers; providers get none of them.
+ENVOY_ATTEMPT_HEADERS = (ATTEMPT_HEADER, "x-envoy-expected-rq-timeout-ms",
+                         "x-envoy-original-host")
+PRIORITY_GROUP = "envoy.router.cluster_specifier_plugin.priority_group"
+PRIORITY_GROUP_TYPE = ("type.googleapis.com/envoy.extensions.router.cluster_specifiers."
+                       "priority_group.v3.PriorityGroupClusterSpecifier")
+
+
+def retry_policy(config: SidecarConfig) -> RetryPolicy:
+    """The sidecar sets the number of retries per request (`x-envoy-max-retries`, the
+    decision's fallbacks within the group's `max_attempts`); this is only the ceiling."""
+    most = max(group.fallback.max_attempts for group in config.models.values())
+    return RetryPolicy(
+        retry_on=RETRY_ON,
+        num_retries=most - 1,
+        retriable_status_codes=list(RETRIABLE_STATUS_CODES),
+        refresh_cluster_on_retry=True,
+    )
+
+
+def attempt_order_specifier() -> dict:
+    """The route's cluster specifier, as plain data (see the module docstring). Without an
+    order in the metadata the request goes to a cluster with no endpoints: a JSON 503."""
+    return {"extension": {"name": PRIORITY_GROUP, "typed_config": {
+        "@type": PRIORITY_GROUP_TYPE,
+        "priority_groups": [{"name": "no_decision",
+                             "clusters": [{"cluster_name": NO_TARGET_CLUSTER, "weight": 1}]}],
+        "override_metadata_namespace": ROUTE_NAMESPACE,
+    }}}
+
+
+def add_attempt_order(document: dict) -> dict:
+    """Put the specifier on every route of the rendered bootstrap (a dict)."""
+    for listener in document["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                for host in manager["route_config"]["virtual_hosts"]:
+                    for route in host["routes"]:
+                        route["route"]["inline_cluster_specifier_plugin"] = (
+                            attempt_order_specifier())
+    return document
+
+
+def no_target_cluster() -> Cluster:
+    return Cluster(name=NO_TARGET_CLUSTER, type=ClusterDiscoveryType.STATIC,
+                   connect_timeout=timedelta(seconds=1),
+                   load_assignment=ClusterLoadAssignment(cluster_name=NO_TARGET_CLUSTER))
+
+
+def _retarget_processor(message_timeout_ms: int) -> ExternalProcessor:
+    return ExternalProcessor(
+        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
+        processing_mode=ProcessingMode(
+            request_header_mode=ProcessingModeHeaderSendMode.SEND,
+            response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+            response_body_mode=ProcessingModeBodySendMode.NONE,
+            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        ),
+        request_attributes=[CLUSTER_ATTRIBUTE],
+        message_timeout=timedelta(milliseconds=message_timeout_ms),
+        # Never send a retry on with the previous target's key and model.
+        failure_mode_allow=False,
+        mutation_rules=HeaderMutationRules(allow_all_routing=True),
+    )
+
+
+def _on_first_attempt_skip() -> Matcher:
+    first_attempt = MatcherMatcherListPredicate(
+        single_predicate=MatcherMatcherListPredicateSinglePredicate(
+            input=XdsExtensionConfig(
+                name="attempt_count",
+                typed_config=Any.pack(HttpRequestHeaderMatchInput(header_name=ATTEMPT_HEADER))),
+            value_match=StringMatcher(exact="1"),
+        ))
+    skip = MatcherOnMatch(action=XdsExtensionConfig(name="skip",
+                                                      typed_config=Any.pack(SkipFilter())))
+    return Matcher(matcher_list=MatcherMatcherList(matchers=[
+        MatcherMatcherListFieldMatcher(predicate=first_attempt, on_match=skip)]))
+
+
+def attempt_filters(message_timeout_ms: int) -> list[HttpFilter]:
+    """Upstream HTTP filters of a target cluster: retarget a retry, strip Envoy's headers,
+    then the codec (which must come last)."""
+    retarget = ExtensionWithMatcher(
+        xds_matcher=_on_first_attempt_skip(),
+        extension_config=TypedExtensionConfig(
+            name="envoy.filters.http.ext_proc",
+            typed_config=Any.pack(_retarget_processor(message_timeout_ms))),
+    )
+    strip = HeaderMutation(mutations=Mutations(request_mutations=[
+        HeaderMutationRule(remove=name) for name in ENVOY_ATTEMPT_HEADERS]))
+    return [
+        HttpFilter(name="sidecar.retarget_retry", typed_config=Any.pack(retarget)),
+        HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip)),
+        HttpFilter(name="envoy.filters.http.upstream_codec",
+                   typed_config=Any.pack(UpstreamCodec())),
+    ]

@@ -1,0 +1,51 @@
+"""Retarget a retry: the copy of the request that Envoy sends to the next target of the
+decision after an earlier attempt failed before the response started.
+
+The router-level exchange already rewrote the request for the primary (path, key, model).
+Envoy runs a per-attempt hook only on retries (docs/fallback-and-streaming.md); it names
+the attempt's cluster, and this module rewrites the copy for that target. Nothing here
+decides anything: the order was fixed by the routing decision. A retry that cannot be
+rewritten is refused rather than sent with the previous target's key or model.
+"""
+
+from __future__ import annotations
+
+from sidecar.apis import Dialect
+from sidecar.dialects.body import BodyError, parse_body
+from sidecar.gateway.outcome import Retarget
+from sidecar.gateway.runtime import Runtime, TargetRoute
+
+
+class RetargetError(Exception):
+    """The retry cannot be rewritten; the message is safe to log and to show."""
+
+
+def attempt_dialect(path: str) -> Dialect | None:
+    """The caller's dialect, from the primary's upstream path (which ends with the
+    dialect's endpoint: the router-level rewrite made it so)."""
+    path = path.split("?", 1)[0]
+    for dialect in Dialect:
+        if path.endswith(dialect.endpoint):
+            return dialect
+    return None
+
+
+def attempt_route(runtime: Runtime, cluster: str, path: str) -> TargetRoute:
+    dialect = attempt_dialect(path)
+    route = runtime.cluster_routes.get((cluster, dialect)) if dialect else None
+    if route is None:
+        raise RetargetError(f"no route for a retry to {cluster} on {path}")
+    return route
+
+
+def retarget(runtime: Runtime, route: TargetRoute, body: bytes) -> Retarget:
+    try:
+        new_body = parse_body(body).with_model(route.model_ref)
+    except BodyError as exc:
+        raise RetargetError(f"retry body unreadable: {exc}") from None
+    set_headers = [(":path", route.path), ("content-length", str(len(new_body)))]
+    if route.credential is not None:
+        set_headers.append(route.credential)
+    keep = route.credential[0] if route.credential else None
+    remove = tuple(sorted(h for h in runtime.credential_headers if h != keep))
+    return Retarget(tuple(set_headers), remove, new_body)
