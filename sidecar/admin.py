@@ -3,6 +3,8 @@
 - `GET /observations[?window=SECONDS]`: every target's window figures, in the snapshot
   format `sidecar explain --observations` reads, plus the outcome counts.
 - `GET /healthz`: `ok`.
+- `GET /status`: ext_proc streams being served and asyncio tasks alive (both return to
+  their idle level when requests end, cancelled ones included).
 
 A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection.
 """
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import asdict
+from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from sidecar.observe.store import ObservationStore
@@ -28,9 +31,15 @@ def observations_document(store: ObservationStore, window_seconds: int) -> dict[
     return {"window_seconds": window, "targets": targets}
 
 
+class StreamCounter(Protocol):
+    active_streams: int
+
+
 class AdminServer:
-    def __init__(self, store: ObservationStore, host: str, port: int) -> None:
+    def __init__(self, store: ObservationStore, host: str, port: int,
+                 streams: StreamCounter | None = None) -> None:
         self._store = store
+        self._streams = streams
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
@@ -78,6 +87,10 @@ class AdminServer:
         url = urlsplit(parts[1])
         if url.path == "/healthz":
             return "200 OK", "ok"
+        if url.path == "/status":
+            streams = self._streams.active_streams if self._streams else 0
+            return "200 OK", {"ext_proc_streams": streams,
+                              "asyncio_tasks": len(asyncio.all_tasks())}
         if url.path == "/observations":
             window = self._store.retention_seconds
             values = parse_qs(url.query).get("window")
@@ -88,4 +101,4 @@ class AdminServer:
                     return "400 Bad Request", {"error": "window must be a positive integer"}
                 window = int(text)
             return "200 OK", observations_document(self._store, window)
-        return "404 Not Found", {"error": "try /observations or /healthz"}
+        return "404 Not Found", {"error": "try /observations, /status or /healthz"}

@@ -10,6 +10,7 @@ import grpc
 from sidecar.admin import AdminServer
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
+from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
 from sidecar.observe.access_log import AccessLogReceiver
@@ -40,10 +41,12 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     store = observation_store(config)
     enabled = config.observations.enabled
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions)
-    receiver = AccessLogReceiver(store, runtime.cluster_targets) if enabled else None
-    server = await start_server(gateway, grpc_address, receiver)
+    receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups)
+                if enabled else None)
+    processor = ExternalProcessor(gateway)
+    server = await start_server(processor, grpc_address, receiver)
     host, port = split_host_port(admin_address)
-    admin = AdminServer(store, host, port)
+    admin = AdminServer(store, host, port, processor)
     try:
         await admin.start()
     except OSError as exc:

@@ -2,8 +2,8 @@
 
 Each provider lives under its own path prefix (``http://host:port/<name>/v1``) and speaks
 OpenAI Chat and Anthropic Messages (JSON or SSE) and the OpenAI Responses API (JSON).
-Knobs (latency, inter-event delay, forced status, connection reset) make it usable for
-failure tests; every request is
+Knobs (latency, inter-event delay, forced status, connection reset, a stream that breaks
+after N events) make it usable for failure tests; every request is
 recorded (method, path, headers, JSON body) so tests can assert what the upstream received.
 The same code serves `sidecar up`, `sidecar demo-providers` and the test-suite.
 """
@@ -37,6 +37,8 @@ class Behaviour:
     status: int | None = None
     reset_connection: bool = False
     text: str | None = None
+    # Streams only: drop the connection after this many events (a mid-stream failure).
+    fail_after_events: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ class ProviderServer:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             events = wire.openai_events(completion, include_usage)
         try:
-            await _stream(writer, events, behaviour.inter_event_delay_s)
+            await _stream(writer, events, behaviour.inter_event_delay_s,
+                          behaviour.fail_after_events)
         except ConnectionError:
             provider.cancelled += 1
             return False
@@ -205,14 +208,16 @@ async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> No
     await writer.drain()
 
 
-async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float) -> None:
+async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float,
+                  fail_after: int | None = None) -> None:
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                  b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
-    first = True
-    for event in events:
-        if delay and not first:
+    for sent, event in enumerate(events):
+        if delay and sent:
             await asyncio.sleep(delay)
-        first = False
+        if sent == fail_after:
+            writer.transport.abort()
+            return
         writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
         await writer.drain()
     writer.write(b"0\r\n\r\n")

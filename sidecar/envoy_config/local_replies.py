@@ -23,7 +23,9 @@ from sidecar.envoy_contract import SIDECAR_REPLY_DETAILS
 
 SIDECAR_UNAVAILABLE = "The routing sidecar is unavailable or too slow; try again shortly."
 
-_ANTHROPIC_PATH = 'request.path.startsWith("/v1/messages")'
+# The caller's path (/v1/messages) or, once the sidecar routed the request, the provider's
+# (…/v1/messages, under whatever base path the provider has); never with the query string.
+_ANTHROPIC_PATH = 'request.url_path.endsWith("/messages")'
 _NOT_SIDECAR = f'response.code_details != "{SIDECAR_REPLY_DETAILS}"'
 _SIDECAR_FAILED = 'response.code_details.startsWith("ext_proc_error")'
 

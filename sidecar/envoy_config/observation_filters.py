@@ -5,7 +5,8 @@
   dynamic metadata, in Envoy, as the bytes pass.
 - The gRPC access logger sends one entry per request, in batches, to the sidecar's
   `AccessLogService` after the response is done: status, response flags, timings, the
-  serving cluster and that metadata.
+  serving cluster and that metadata. The router's `upstream_log` sends one entry per
+  attempt the same way, so failed attempts before a fallback are seen too.
 
 See docs/observations.md for why this beats an observer ext_proc stream.
 """
@@ -80,9 +81,11 @@ def usage_filters() -> list[HttpFilter]:
     ]
 
 
-def access_log(flush_interval_ms: int) -> AccessLog:
+def access_log(flush_interval_ms: int, log_name: str = ACCESS_LOG_NAME) -> AccessLog:
+    """The connection manager's log (one entry per request) by default; with
+    `ATTEMPT_LOG_NAME`, the router's per-attempt log."""
     config = HttpGrpcAccessLogConfig(common_config=CommonGrpcAccessLogConfig(
-        log_name=ACCESS_LOG_NAME,
+        log_name=log_name,
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
         transport_api_version=ApiVersion.V3,
         buffer_flush_interval=timedelta(milliseconds=flush_interval_ms),

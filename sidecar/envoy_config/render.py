@@ -85,7 +85,13 @@ from sidecar.envoy_config.fallback import (
 )
 from sidecar.envoy_config.local_replies import local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
-from sidecar.envoy_contract import EXT_PROC_CLUSTER, ROUTE_NAMESPACE, target_cluster_name
+from sidecar.envoy_config.upstream_errors import final_upstream_errors
+from sidecar.envoy_contract import (
+    ATTEMPT_LOG_NAME,
+    EXT_PROC_CLUSTER,
+    ROUTE_NAMESPACE,
+    target_cluster_name,
+)
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 CLIENT_ADDRESS_HEADERS = ("x-forwarded-for", "x-envoy-external-address", "x-envoy-internal")
@@ -178,6 +184,9 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         # Also the retry buffer: a retry resends the buffered body.
         request_body_buffer_limit=limits.max_request_body_bytes,
     )
+    # Every attempt is logged too, so failures before a fallback reach the observations.
+    router = Router(upstream_log=[access_log(observe.flush_interval_ms, ATTEMPT_LOG_NAME)]
+                    if observe.enabled else [])
     manager = HttpConnectionManager(
         stat_prefix="model_groups",
         codec_type=HttpConnectionManagerCodecType.AUTO,
@@ -196,8 +205,9 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
+            final_upstream_errors(),
             *(usage_filters() if observe.enabled else []),
-            HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(Router())),
+            HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router)),
         ],
         access_log=[access_log(observe.flush_interval_ms)] if observe.enabled else [],
     )

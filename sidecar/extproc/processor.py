@@ -31,6 +31,10 @@ class ExternalProcessor(ext_grpc.ExternalProcessorServicer):
         # Streams being served right now; an operator (and the leak tests) read it.
         self.active_streams = 0
 
+    @property
+    def max_body_bytes(self) -> int:
+        return self._gateway.max_body_bytes
+
     async def Process(
         self,
         request_iterator: AsyncIterator[ext.ProcessingRequest],

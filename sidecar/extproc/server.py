@@ -10,7 +10,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from sidecar.extproc.processor import ExternalProcessor
-from sidecar.gateway import Gateway
 from sidecar.observe.access_log import AccessLogReceiver
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -18,13 +17,13 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MESSAGE_OVERHEAD_BYTES = 1024 * 1024
 
 
-async def start_server(gateway: Gateway, address: str,
+async def start_server(processor: ExternalProcessor, address: str,
                        access_logs: AccessLogReceiver | None = None) -> grpc.aio.Server:
     """Start serving on `address` (host:port); raise OSError if the port cannot be bound.
 
     gRPC's 4 MiB default message limit would reject large buffered bodies, so the limit
     follows `limits.max_request_body_bytes` (Envoy enforces that bound before we see it)."""
-    max_message = gateway.max_body_bytes + _MESSAGE_OVERHEAD_BYTES
+    max_message = processor.max_body_bytes + _MESSAGE_OVERHEAD_BYTES
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message),
@@ -32,7 +31,7 @@ async def start_server(gateway: Gateway, address: str,
             ("grpc.so_reuseport", 0),
         ]
     )
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(gateway), server)
+    ext_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     if access_logs is not None:
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_logs, server)
     health = HealthServicer()

@@ -117,5 +117,14 @@ class Runtime:
             for index, target in enumerate(group.targets)
         }
 
+    @property
+    def cluster_groups(self) -> dict[str, str]:
+        """Envoy cluster name → model group."""
+        return {
+            target_cluster_name(group_name, index, target.provider): group_name
+            for group_name, group in self.config.models.items()
+            for index, target in enumerate(group.targets)
+        }
+
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

@@ -3,11 +3,16 @@
 This is the Envoy adapter of the observe package: it knows `HTTPAccessLogEntry` (upb
 messages from xds-protos); the store behind it does not. Entries arrive after the response
 is finished, in batches (`observations.flush_interval_ms`), on the sidecar's gRPC port.
+
+Two logs arrive: one entry per request (the connection manager's, against the target that
+answered) and one per attempt (the router's `upstream_log`). The second feeds the failed
+earlier attempts of a fallback chain (attempts.py) and the `fallback_transition` events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 
@@ -15,11 +20,13 @@ import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
+from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_KEY, USAGE_NAMESPACE
+from sidecar.observe.attempts import Attempt, AttemptTracker
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
 
 log = logging.getLogger("sidecar.observe")
+fallback_log = logging.getLogger("sidecar.fallback")
 
 
 def _ms(duration) -> float | None:  # google.protobuf.Duration, unset when not reached
@@ -81,26 +88,65 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     )
 
 
+def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
+               groups: Mapping[str, str]) -> Attempt | None:
+    """One attempt from the router's per-attempt log; None for clusters that are no target."""
+    common = entry.common_properties
+    target = targets.get(common.upstream_cluster)
+    if target is None:
+        return None
+    status = entry.response.response_code.value
+    return Attempt(
+        request_id=entry.request.request_id,
+        group=groups.get(common.upstream_cluster, ""),
+        target=target,
+        outcome=outcome_of(common.response_flags, status),
+        duration_ms=_ms(common.duration),
+    )
+
+
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
-    def __init__(self, store: ObservationStore, targets: Mapping[str, str]) -> None:
+    def __init__(self, store: ObservationStore, targets: Mapping[str, str],
+                 groups: Mapping[str, str] | None = None) -> None:
+        """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
+        the model group."""
         self._store = store
         self._targets = targets
+        self._groups = groups or {}
+        self._attempts = AttemptTracker()
 
     async def StreamAccessLogs(
         self,
         request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
         context: grpc.aio.ServicerContext,
     ) -> als_pb2.StreamAccessLogsResponse:
+        per_attempt = False
         try:
             async for message in request_iterator:
+                if message.HasField("identifier"):  # sent once, on a stream's first message
+                    per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME
                 for entry in message.http_logs.log_entry:
                     try:
-                        observation = observation_of(entry, self._targets)
+                        if per_attempt:
+                            self._attempt(entry)
+                        else:
+                            self._request(entry)
                     except Exception:  # one odd entry must not end the stream
                         log.exception("unreadable access-log entry skipped")
-                        continue
-                    if observation is not None:
-                        self._store.record(observation)
         except asyncio.CancelledError:
             pass
         return als_pb2.StreamAccessLogsResponse()
+
+    def _request(self, entry: al.HTTPAccessLogEntry) -> None:
+        observation = observation_of(entry, self._targets)
+        if observation is not None:
+            self._store.record(observation)
+
+    def _attempt(self, entry: al.HTTPAccessLogEntry) -> None:
+        attempt = attempt_of(entry, self._targets, self._groups)
+        if attempt is None:
+            return
+        transition = self._attempts.add(attempt)
+        if transition is not None:
+            self._store.record(transition.observation())
+            fallback_log.info("%s", json.dumps(transition.event(), separators=(",", ":")))

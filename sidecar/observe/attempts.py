@@ -1,0 +1,86 @@
+"""Failed attempts within one request's fallback chain, told apart from the final attempt.
+
+Envoy's router logs every attempt (its `upstream_log`), the HTTP connection manager logs the
+request once, against the attempt that answered. The final attempt is therefore already an
+observation; what this module adds is each *earlier* attempt, which failed and was followed
+by an attempt at another target. It is known to have been followed only when the next
+attempt's entry arrives, so a failed attempt waits here (bounded, by request id) until then.
+A failed attempt that nobody followed was the final one: it is simply evicted later.
+
+Envoy 1.40 leaves the attempt count of per-attempt entries unset, so attempts are numbered
+here by arrival: a request's attempts run one after another and are logged in that order
+on one stream, and only a failure can be followed by another attempt.
+
+Each followed failure yields one `Transition`: an observation against the failed target
+(`failed_over`, so reliability signals see it) and the `fallback_transition` event.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from sidecar.observe.records import Observation, Outcome
+
+# Outcomes that end an attempt without an answer the caller can use: Envoy retries these.
+_NOT_FAILURES = frozenset({Outcome.OK, Outcome.CLIENT_CANCEL, Outcome.CLIENT_ERROR})
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    request_id: str
+    group: str
+    target: str          # provider/model_ref
+    outcome: Outcome
+    duration_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One pre-commit failure and the target that took over; safe scalars only."""
+
+    group: str
+    from_target: str
+    to_target: str
+    error_class: str
+    attempt: int
+    failed_after_ms: float | None
+
+    def observation(self) -> Observation:
+        return Observation(target=self.from_target, outcome=Outcome(self.error_class),
+                           latency_ms=self.failed_after_ms, failed_over=True)
+
+    def event(self) -> dict[str, object]:
+        failed_after = None if self.failed_after_ms is None else round(self.failed_after_ms, 1)
+        return {"event": "fallback_transition", "group": self.group,
+                "from_target": self.from_target, "to_target": self.to_target,
+                "error_class": self.error_class, "attempt": self.attempt,
+                "failed_after_ms": failed_after}
+
+
+class AttemptTracker:
+    def __init__(self, max_pending: int = 10_000) -> None:
+        # request id → (its latest attempt, which failed; that attempt's number)
+        self._pending: OrderedDict[str, tuple[Attempt, int]] = OrderedDict()
+        self._max_pending = max_pending
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, attempt: Attempt) -> Transition | None:
+        """Record one attempt's entry; returns the transition it completes, if any."""
+        if not attempt.request_id:
+            return None
+        previous = self._pending.pop(attempt.request_id, None)
+        transition = None
+        number = 1
+        if previous is not None:
+            failed, failed_number = previous
+            number = failed_number + 1
+            transition = Transition(failed.group, failed.target, attempt.target,
+                                    failed.outcome.value, failed_number, failed.duration_ms)
+        if attempt.outcome not in _NOT_FAILURES:
+            self._pending[attempt.request_id] = (attempt, number)
+            while len(self._pending) > self._max_pending:
+                self._pending.popitem(last=False)
+        return transition

@@ -1,0 +1,65 @@
+"""Earlier failed attempts become observations and transitions; final attempts do not."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
+from sidecar.observe.records import Outcome
+
+
+def attempt(target: str, outcome: Outcome, request_id: str = "r1") -> Attempt:
+    return Attempt(request_id, "g", target, outcome, 12.5)
+
+
+def test_a_failure_followed_by_another_attempt_is_a_transition() -> None:
+    tracker = AttemptTracker()
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR)) is None
+    transition = tracker.add(attempt("p/b", Outcome.RATE_LIMITED))
+    assert transition == Transition("g", "p/a", "p/b", "server_error", 1, 12.5)
+    assert tracker.add(attempt("p/c", Outcome.OK)) == Transition(
+        "g", "p/b", "p/c", "rate_limited", 2, 12.5)
+    assert len(tracker) == 0
+
+
+def test_the_transition_counts_against_the_failed_target_as_failed_over() -> None:
+    transition = Transition("g", "p/a", "p/b", "upstream_timeout", 1, 500.0)
+    observation = transition.observation()
+    assert (observation.target, observation.outcome, observation.failed_over) == (
+        "p/a", Outcome.UPSTREAM_TIMEOUT, True)
+    assert transition.event() == {
+        "event": "fallback_transition", "group": "g", "from_target": "p/a",
+        "to_target": "p/b", "error_class": "upstream_timeout", "attempt": 1,
+        "failed_after_ms": 500.0}
+
+
+def test_a_final_attempt_is_never_a_transition() -> None:
+    tracker = AttemptTracker()
+    assert tracker.add(attempt("p/a", Outcome.OK)) is None
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2")) is None
+    assert tracker.add(attempt("p/a", Outcome.CLIENT_CANCEL, request_id="r3")) is None
+    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r4")) is None
+
+
+def test_attempts_without_a_request_id_are_ignored() -> None:
+    tracker = AttemptTracker()
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="")) is None
+    assert len(tracker) == 0
+
+
+def test_entries_of_other_requests_do_not_pair_up() -> None:
+    tracker = AttemptTracker()
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r1"))
+    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) is None
+    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) is not None
+    assert len(tracker) == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 4),
+                          st.sampled_from(list(Outcome))), max_size=500))
+def test_pending_failures_stay_bounded(entries: list[tuple[int, int, Outcome]]) -> None:
+    tracker = AttemptTracker(max_pending=50)
+    for request, _, outcome in entries:
+        tracker.add(attempt("p/a", outcome, request_id=str(request)))
+        assert len(tracker) <= 50
