@@ -68,10 +68,11 @@ from sidecar.envoy_contract import (
 )
 
 # What moves an attempt to the next target. `5xx` covers resets, connect failures and
-# per-try timeouts too; 429 (rate limited) is added explicitly. Other 4xx are the
-# request's own fault and go back to the caller.
+# per-try timeouts too; 429 (rate limited) is added, and 401/403: the caller was already
+# authenticated by the sidecar, so a provider refusing the request's credentials refuses
+# the gateway's key for that target. Other 4xx are the request's own fault and go back.
 RETRY_ON = "5xx,reset,connect-failure,retriable-status-codes"
-RETRIABLE_STATUS_CODES = (429,)
+RETRIABLE_STATUS_CODES = (401, 403, 429)
 ATTEMPT_HEADER = "x-envoy-attempt-count"
 # Envoy's per-attempt headers; providers get none of them.
 ENVOY_ATTEMPT_HEADERS = (ATTEMPT_HEADER, "x-envoy-expected-rq-timeout-ms",

@@ -8,8 +8,10 @@ for upstream responses, with the gateway's message: how many attempts failed and
 class of the last status. The replacement is a local reply, so the local-reply mappers
 (local_replies.py) put it in the caller's dialect like every other gateway error.
 
-Status: a final 429 stays 429 (SDKs back off and retry); any final 5xx becomes 502. Other
-4xx are the request's own fault and pass through unchanged.
+Status: a final 429 stays 429 (SDKs back off and retry); any final 5xx becomes 502, and so
+does a provider's 401/403 (the gateway's key was refused, not the caller's token: passing
+it through would make the caller's SDK blame the caller's credentials). Other 4xx are the
+request's own fault and pass through unchanged.
 """
 
 from __future__ import annotations
@@ -73,12 +75,19 @@ def final_upstream_errors() -> HttpFilter:
                            StringMatcher(exact="429"))
     server_error = _single("status_class", HttpResponseStatusCodeClassMatchInput(),
                            StringMatcher(exact="5xx"))
+    key_refused = MatcherMatcherListPredicate(or_matcher=MatcherMatcherListPredicatePredicateList(
+        predicate=[_single("status", HttpResponseStatusCodeMatchInput(), StringMatcher(exact=code))
+                   for code in ("401", "403")]))
     # The formatter only knows the new status; the message names the class it replaced.
     matchers = [
         MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, rate_limited),
                                        on_match=_policy("rate_limited", 429, _message("429"))),
         MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, server_error),
                                        on_match=_policy("server_error", 502, _message("5xx"))),
+        MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, key_refused),
+                                       on_match=_policy("key_refused", 502,
+                                                        _message("401/403, the gateway's "
+                                                                 "provider key was refused"))),
     ]
     config = CustomResponse(custom_response_matcher=Matcher(
         matcher_list=MatcherMatcherList(matchers=matchers)))

@@ -52,6 +52,17 @@ models:
     targets:
       - {provider: s1, model_ref: s1-model}
       - {provider: s2, model_ref: s2-model}
+  deadline-chain:
+    strategy: failover
+    fallback: {per_try_timeout_seconds: 0.5, deadline_seconds: 0.8}
+    targets:
+      - {provider: a1, model_ref: a1-model}
+      - {provider: a2, model_ref: a2-model}
+  sticky:
+    strategy: dynamic_score
+    targets:
+      - {provider: a1, model_ref: a1-sticky, weight: 9}
+      - {provider: a2, model_ref: a2-sticky, weight: 1}
   claude-chain:
     strategy: failover
     targets:
@@ -154,6 +165,7 @@ FAILURES = {
     "529": (Behaviour(status=529), "server_error"),
     "reset": (Behaviour(reset_connection=True), "reset"),
     "timeout before headers": (Behaviour(latency_s=1.5), "upstream_timeout"),
+    "401, our key refused": (Behaviour(status=401), "provider_rejected"),
 }
 
 
@@ -246,6 +258,39 @@ def test_a_final_429_stays_a_429_with_the_gateways_message(fresh: Stack) -> None
     with pytest.raises(openai.RateLimitError) as caught:
         ask(fresh, "chain")
     assert "(attempts: 3; last upstream status: 429)" in caught.value.message
+
+
+def test_a_refused_provider_key_is_never_blamed_on_the_caller(fresh: Stack) -> None:
+    for name in ("a1", "a2", "a3"):
+        fresh.providers.provider(name).behaviour = Behaviour(status=401)
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(fresh, "chain")
+    assert caught.value.status_code == 502  # not 401: the caller's token was fine
+    assert "the gateway's provider key was refused" in caught.value.message
+
+
+def test_the_deadline_bounds_all_attempts_together(fresh: Stack) -> None:
+    for name in ("a1", "a2"):
+        fresh.providers.provider(name).behaviour = Behaviour(latency_s=0.6)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(fresh, "deadline-chain")
+    elapsed = time.monotonic() - started
+    assert caught.value.status_code == 504
+    assert 0.7 < elapsed < 1.2  # the 0.8 s deadline, not 2 × 0.5 s per try
+    assert [len(fresh.received(name)) for name in ("a1", "a2")] == [1, 1]
+
+
+def test_a_successful_fallback_does_not_repin_the_conversation(fresh: Stack) -> None:
+    conversation = [{"role": "user", "content": "a conversation that should stay put"}]
+    fresh.providers.provider("a1").behaviour = Behaviour(status=503)
+    first = fresh.openai.chat.completions.create(model="sticky", messages=conversation)
+    assert first.model == "a2-sticky" and len(fresh.received("a1")) == 1  # a1 was primary
+    fresh.providers.provider("a1").behaviour = Behaviour()
+    turn = [*conversation, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "and the next turn"}]
+    second = fresh.openai.chat.completions.create(model="sticky", messages=turn)
+    assert second.model == "a1-sticky"  # the pin kept the initially selected primary
 
 
 def test_attempts_are_bounded_by_max_attempts(fresh: Stack) -> None:

@@ -91,3 +91,50 @@ def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
     assert "sidecar_ext_proc" in clusters
     assert "sidecar_no_target" in clusters  # where a request without an order would go
     assert len(clusters) == 5
+
+
+def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response() -> None:
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    manager = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    host = manager["typed_config"]["route_config"]["virtual_hosts"][0]
+    assert host["include_request_attempt_count"] is True
+    action = host["routes"][0]["route"]
+    specifier = action["inline_cluster_specifier_plugin"]["extension"]["typed_config"]
+    assert specifier["override_metadata_namespace"] == "sidecar.route"
+    assert specifier["priority_groups"][0]["clusters"][0]["cluster_name"] == "sidecar_no_target"
+    assert action["retry_policy"] == {
+        "retry_on": "5xx,reset,connect-failure,retriable-status-codes",
+        "num_retries": 2,  # the default max_attempts of 3; each request sets its own count
+        "retriable_status_codes": [401, 403, 429],
+        "refresh_cluster_on_retry": True,
+    }
+    filters = manager["typed_config"]["http_filters"]
+    assert [f["name"] for f in filters][:2] == ["envoy.filters.http.ext_proc",
+                                                 "envoy.filters.http.custom_response"]
+    assert filters[0]["typed_config"]["metadata_options"] == {
+        "receiving_namespaces": {"untyped": ["sidecar.route"]}}
+
+
+def test_every_target_cluster_retargets_retries_only_and_strips_envoy_headers() -> None:
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    targets = [c for c in document["static_resources"]["clusters"]
+               if c["name"].startswith("target__")]
+    assert len(targets) == 3
+    for cluster in targets:
+        options = cluster["typed_extension_protocol_options"][
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        retarget, strip, codec = options["http_filters"]
+        matcher = retarget["typed_config"]["xds_matcher"]["matcher_list"]["matchers"][0]
+        single = matcher["predicate"]["single_predicate"]
+        assert single["input"]["typed_config"]["header_name"] == "x-envoy-attempt-count"
+        assert single["value_match"] == {"exact": "1"}  # first attempt: skip the hook
+        assert matcher["on_match"]["action"]["typed_config"]["@type"].endswith("SkipFilter")
+        processor = retarget["typed_config"]["extension_config"]["typed_config"]
+        assert processor["request_attributes"] == ["xds.cluster_name"]
+        assert processor.get("failure_mode_allow", False) is False
+        removed = [m["remove"] for m in strip["typed_config"]["mutations"]["request_mutations"]]
+        assert removed == ["x-envoy-attempt-count", "x-envoy-expected-rq-timeout-ms",
+                           "x-envoy-original-host"]
+        assert codec["name"] == "envoy.filters.http.upstream_codec"
