@@ -19,12 +19,10 @@ Loopback only; every process it starts it also stops.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 
-import httpx
-from mode_runner import HTTP_OPTIONS, TOKEN, comparison_main, grpc_cluster, run_mode
+from mode_runner import HTTP_OPTIONS, comparison_main, grpc_cluster, latencies, run_mode
 
 UPSTREAM_PROCESSOR = '''
 import asyncio, json, sys, grpc
@@ -76,19 +74,6 @@ def add_upstream_processor(document: dict, port: int, with_body: bool) -> None:
                 {"name": "envoy.filters.http.ext_proc", "typed_config": processor},
                 {"name": "envoy.filters.http.upstream_codec", "typed_config": codec}]
     document["static_resources"]["clusters"].append(grpc_cluster("retarget", port))
-
-
-async def latencies(port: int, count: int) -> list[float]:
-    body = {"model": "g", "messages": [{"role": "user", "content": "x" * 900}]}
-    results = []
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
-                                 headers={"authorization": f"Bearer {TOKEN}"}) as client:
-        for _ in range(count):
-            started = time.perf_counter()
-            response = await client.post("/v1/chat/completions", json=body)
-            results.append((time.perf_counter() - started) * 1000)
-            assert response.status_code == 200, response.text
-    return results
 
 
 def one_run(mode: str, count: int, provider_url: str, workdir: Path) -> dict[str, float]:

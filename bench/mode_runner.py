@@ -73,6 +73,20 @@ def cluster_streams(admin_port: int, cluster: str) -> int:
     return sum(int(line.rsplit(":", 1)[1]) for line in stats.splitlines() if ":" in line)
 
 
+async def latencies(port: int, count: int) -> list[float]:
+    """`count` 1 KB chat requests one after another; client latency of each in ms."""
+    body = {"model": "g", "messages": [{"role": "user", "content": "x" * 900}]}
+    results = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                                 headers={"authorization": f"Bearer {TOKEN}"}) as client:
+        for _ in range(count):
+            started = time.perf_counter()
+            response = await client.post("/v1/chat/completions", json=body)
+            results.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, response.text
+    return results
+
+
 def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load, *,
              observations: bool = False, extend: Extend | None = None,
              helper_source: str | None = None, helper_cluster: str | None = None,
@@ -88,8 +102,9 @@ def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load
         [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
          f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{free_port()}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    if extend is not None and helper_source is not None:
+    if extend is not None:
         extend(document, helper_port)
+    if helper_source is not None:
         processes.append(subprocess.Popen([sys.executable, "-c", helper_source,
                                            f"127.0.0.1:{helper_port}"]))
     envoy_file = workdir / f"{name}-envoy.yaml"
@@ -104,7 +119,7 @@ def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load
         time.sleep(settle_s)
         python_cpu = sum(cpu_seconds(p.pid) for p in processes) - python_before
         envoy_cpu = cpu_seconds(envoy.pid) - envoy_before
-        if helper_cluster is not None and extend is not None:
+        if helper_cluster is not None:
             seen = cluster_streams(admin, helper_cluster)
             if seen < count:
                 raise RuntimeError(f"{name}: the helper saw {seen} of {count} requests")

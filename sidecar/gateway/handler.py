@@ -127,9 +127,13 @@ class Gateway:
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         routes = self._runtime.routes
+        # A Responses request that continues a stored response lives at one provider:
+        # another target has no such response id, so it gets no fallback.
+        allowed = 1 if payload.get("previous_response_id") is not None else (
+            group.fallback.max_attempts)
         attempts = tuple(
             routes[(model, choice.index, pending.dialect)].cluster
-            for choice in decision.ordered[:group.fallback.max_attempts])
+            for choice in decision.ordered[:allowed])
         route = routes[(model, decision.primary.index, pending.dialect)]
         new_body = parsed.with_model(route.model_ref)
         set_headers = [

@@ -216,3 +216,29 @@ def test_missing_secrets_stop_start_up_naming_only_where_they_were_expected() ->
         Runtime(CONFIG, {"LOCAL_KEY": "provider-key"})
     assert caught.value.problems == [
         "providers.anth.credential: environment variable ANTH_KEY is not set or empty"]
+
+
+def test_fallback_order_is_cut_to_max_attempts_and_stateful_responses_get_none(
+        gateway: Gateway) -> None:
+    outcome = forward(gateway, "/v1/responses", {"model": "dyn", "input": "hi"})
+    assert len(outcome.attempts) == 2
+    assert dict(outcome.set_headers)["x-envoy-max-retries"] == "1"
+    continued = forward(gateway, "/v1/responses",
+                        {"model": "dyn", "input": "hi", "previous_response_id": "resp_1"})
+    assert len(continued.attempts) == 1
+    assert dict(continued.set_headers)["x-envoy-max-retries"] == "0"
+
+
+def test_max_attempts_one_turns_fallback_off() -> None:
+    config = load_config_text(f"""
+providers: {{local: {{base_url: "http://127.0.0.1:9/v1", credential: {{env: LOCAL_KEY}}}}}}
+callers: [{{name: a, token_sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}}}]
+models:
+  one:
+    fallback: {{max_attempts: 1}}
+    targets: [{{provider: local, model_ref: m1}}, {{provider: local, model_ref: m2}}]
+""")
+    outcome = forward(Gateway(Runtime(config, ENV)), "/v1/chat/completions",
+                      {"model": "one", "messages": []})
+    assert len(outcome.attempts) == 1
+    assert dict(outcome.set_headers)["x-envoy-max-retries"] == "0"
