@@ -1,0 +1,234 @@
+"""The processes of the side-by-side benchmark: start them on free loopback ports, read
+their CPU time and peak memory from /proc, stop exactly what was started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from mode_runner import cpu_seconds
+
+from sidecar.config import load_config_text
+from sidecar.devstack.harness import free_port
+from sidecar.devstack.stack import start_envoy
+from sidecar.envoy_config.addresses import EnvoyAddresses
+from sidecar.envoy_config.render import render_envoy_yaml
+
+SPEC = (Path(__file__).parent.parent / "tests" / "fixtures" / "spec_sample.yaml").read_text()
+COMPLETION = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 250, "completion_tokens": 10, "total_tokens": 260}})
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@dataclass
+class Processes:
+    """Named processes of one row; a name's CPU includes its descendants (workers)."""
+
+    named: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def add(self, name: str, process: subprocess.Popen) -> None:
+        self.named[name] = process
+
+    def cpu_seconds(self) -> dict[str, float]:
+        totals = {}
+        for name, process in self.named.items():
+            total = 0.0
+            for pid in [process.pid, *_descendants(process.pid)]:
+                with contextlib.suppress(OSError):  # a worker that just exited
+                    total += cpu_seconds(pid)
+            totals[name] = total
+        return totals
+
+    def peak_rss_mb(self, name: str) -> float:
+        process = self.named.get(name)
+        if process is None:
+            return 0.0
+        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        for process in reversed(self.named.values()):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+def wait_http(port: int, path: str = "/", timeout_s: float = 60.0) -> None:
+    """Until something answers HTTP on the port (any status)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                             .encode())
+                if sock.recv(12).startswith(b"HTTP/1."):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing answered on 127.0.0.1:{port} within {timeout_s:.0f} s")
+
+
+def _cluster(name: str, port: int) -> dict:
+    return {"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                             "port_value": port}}}}]}]}}
+
+
+def _envoy(workdir: Path, name: str, routes: list[dict], clusters: list[dict]) -> tuple[
+        subprocess.Popen, int]:
+    port = free_port()
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+                 ".v3.HttpConnectionManager",
+        "stat_prefix": name,
+        "route_config": {"virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+    document = {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": free_port()}}},
+        "static_resources": {"listeners": [{
+            "name": name,
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                            "typed_config": manager}]}]}],
+            "clusters": clusters}}
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    process = start_envoy(path, "error")
+    wait_http(port)
+    return process, port
+
+
+class _Stoppable:
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+
+    def stop(self) -> None:
+        Processes({"provider": self.process}).stop()
+
+
+def fast_provider(workdir: Path) -> tuple[_Stoppable, int]:
+    """An Envoy that answers every request with a fixed OpenAI chat completion."""
+    route = {"match": {"prefix": "/"}, "direct_response": {
+        "status": 200, "body": {"inline_string": COMPLETION}},
+        "response_headers_to_add": [{"header": {"key": "content-type",
+                                                "value": "application/json"}}]}
+    process, port = _envoy(workdir, "fast_provider", [route], [])
+    return _Stoppable(process), port
+
+
+def start_envoy_direct(workdir: Path, fast_port: int, drip_port: int) -> tuple[Processes, int]:
+    """Envoy as a plain proxy: streams (`/drip/…`) to the demo provider, the rest to the
+    fast provider."""
+    routes = [{"match": {"prefix": "/drip/"}, "route": {"cluster": "drip", "timeout": "60s"}},
+              {"match": {"prefix": "/"}, "route": {"cluster": "fast"}}]
+    process, port = _envoy(workdir, "envoy_direct", routes,
+                           [_cluster("fast", fast_port), _cluster("drip", drip_port)])
+    return Processes({"envoy": process}), port
+
+
+def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> str:
+    """The SPEC's group (its three providers pointed at the fast provider) under the given
+    strategy, and a stream group on the demo provider."""
+    import hashlib
+
+    group = SPEC[len("models:\n"):]
+    if strategy == "weighted":
+        group = group.replace("strategy: dynamic_score", "strategy: weighted")
+    fast = f"http://127.0.0.1:{fast_port}/v1"
+    providers = "".join(f"  {name}: {{base_url: '{fast}', credential: null}}\n"
+                        for name in ("baseten", "minimax", "openai"))
+    return (f"providers:\n{providers}  drip: {{base_url: '{drip_url}', credential: null}}\n"
+            f"callers: [{{name: bench, token_sha256: "
+            f"{hashlib.sha256(token.encode()).hexdigest()}}}]\n"
+            f"models:\n{group}"
+            f"  stream-group:\n    strategy: {strategy}\n    targets:\n"
+            "      - {provider: drip, model_ref: drip-a}\n"
+            "      - {provider: drip, model_ref: drip-b}\n")
+
+
+def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
+                  token: str) -> tuple[Processes, int]:
+    config = workdir / f"sidecar-{strategy}.yaml"
+    config.write_text(sidecar_config(strategy, fast_port, drip_url, token))
+    listen, grpc_port, admin_http = free_port(), free_port(), free_port()
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
+         f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
+         "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    envoy_file = workdir / f"envoy-{strategy}.yaml"
+    envoy_file.write_text(render_envoy_yaml(load_config_text(config.read_text()), EnvoyAddresses(
+        listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
+        ext_proc=f"127.0.0.1:{grpc_port}")))
+    wait_http(admin_http, "/healthz")
+    envoy = start_envoy(envoy_file, "error")
+    wait_http(listen)
+    return Processes({"envoy": envoy, "sidecar": sidecar}), listen
+
+
+def litellm_command(venv: Path, workdir: Path, strategy: str, workers: int, fast_port: int,
+                    drip_url: str, token: str) -> tuple[Processes, int]:
+    fast = f"http://127.0.0.1:{fast_port}/v1"
+    deployments = [("g", f"openai/m{n}", fast) for n in (1, 2)]
+    deployments += [("s", f"openai/drip-{n}", drip_url) for n in (1, 2)]
+    config = {
+        "model_list": [{"model_name": name, "litellm_params": {
+            "model": model, "api_base": base, "api_key": "unused"}}
+            for name, model, base in deployments],
+        "router_settings": {"routing_strategy": strategy},
+        "litellm_settings": {"telemetry": False, "drop_params": True},
+        "general_settings": {"master_key": token},
+    }
+    path = workdir / f"litellm-{strategy}-{workers}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
+           "DISABLE_SCHEMA_UPDATE": "True"}
+    process = subprocess.Popen(
+        [str(venv / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1",
+         "--port", str(port), "--num_workers", str(workers)],
+        stdout=subprocess.DEVNULL, stderr=(workdir / f"litellm-{port}.log").open("w"),
+        env=env, start_new_session=True)
+    try:
+        wait_http(port, "/health/liveliness", timeout_s=120)
+    except RuntimeError:
+        Processes({"litellm": process}).stop()
+        log = (workdir / f"litellm-{port}.log").read_text()[-2000:]
+        raise RuntimeError(f"LiteLLM did not start:\n{log}") from None
+    return Processes({"litellm": process}), port
