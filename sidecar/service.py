@@ -35,13 +35,21 @@ def observation_store(config: SidecarConfig) -> ObservationStore:
                             refresh_seconds=settings.refresh_ms / 1000)
 
 
+def longest_request_s(config: SidecarConfig) -> float:
+    """The longest time a request's attempts can span, plus the access-log flush delay."""
+    deadlines = [group.fallback.deadline_seconds or config.limits.request_timeout_seconds
+                 for group in config.models.values()]
+    return max(deadlines) + 2 * config.observations.flush_interval_ms / 1000 + 1
+
+
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
                         admin_address: str, log_decisions: bool = False) -> RunningSidecar:
     """Raises OSError when an address cannot be bound; nothing is left running then."""
     store = observation_store(config)
     enabled = config.observations.enabled
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions)
-    receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups)
+    receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
+                                  attempt_window_s=longest_request_s(config))
                 if enabled else None)
     processor = ExternalProcessor(gateway)
     server = await start_server(processor, grpc_address, receiver)

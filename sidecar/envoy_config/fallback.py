@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
+    Cluster,
+    ClusterDiscoveryType,
+)
 from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
     HeaderMutation as HeaderMutationRule,
 )
@@ -82,9 +87,23 @@ PRIORITY_GROUP_TYPE = ("type.googleapis.com/envoy.extensions.router.cluster_spec
                        "priority_group.v3.PriorityGroupClusterSpecifier")
 
 
+# Envoy's per-cluster defaults allow 3 retries in flight and 1,024 requests. A retry holds
+# its slot until the fallback answers (a whole unary generation), and LLM streams are long,
+# so the defaults would silently turn fallback off under load and cap concurrent streams.
+# Providers enforce their own limits; these only keep Envoy from refusing work itself.
+MAX_IN_FLIGHT = 100_000
+
+
+def target_circuit_breakers() -> CircuitBreakers:
+    return CircuitBreakers(thresholds=[CircuitBreakersThresholds(
+        max_connections=MAX_IN_FLIGHT, max_pending_requests=MAX_IN_FLIGHT,
+        max_requests=MAX_IN_FLIGHT, max_retries=MAX_IN_FLIGHT)])
+
+
 def retry_policy(config: SidecarConfig) -> RetryPolicy:
-    """The sidecar sets the number of retries per request (`x-envoy-max-retries`, the
-    decision's fallbacks within the group's `max_attempts`); this is only the ceiling."""
+    """Every request sets its own number of retries (`x-envoy-max-retries`: the decision's
+    fallbacks within the group's `max_attempts`), which replaces `num_retries`; the value
+    here only applies to a request that somehow has none."""
     most = max(group.fallback.max_attempts for group in config.models.values())
     return RetryPolicy(
         retry_on=RETRY_ON,

@@ -59,6 +59,7 @@ def local_reply_config() -> LocalReplyConfig:
     """Mappers are tried in order; the first whose filter matches rewrites the reply."""
     unavailable = DataSource(inline_string=SIDECAR_UNAVAILABLE)
     too_large = "response.code == 413"
+    rate_limited = "response.code == 429"
     return LocalReplyConfig(mappers=[
         ResponseMapper(filter=_cel(f"{_SIDECAR_FAILED} && {_ANTHROPIC_PATH}"),
                        body=unavailable, body_format_override=_anthropic_body("api_error")),
@@ -68,6 +69,11 @@ def local_reply_config() -> LocalReplyConfig:
                        body_format_override=_anthropic_body("request_too_large")),
         ResponseMapper(filter=_cel(f"{_NOT_SIDECAR} && {too_large}"),
                        body_format_override=_openai_body("invalid_request_error")),
+        # A final provider 429 (rewritten by the custom-response filter, upstream_errors.py)
+        ResponseMapper(filter=_cel(f"{_NOT_SIDECAR} && {rate_limited} && {_ANTHROPIC_PATH}"),
+                       body_format_override=_anthropic_body("rate_limit_error")),
+        ResponseMapper(filter=_cel(f"{_NOT_SIDECAR} && {rate_limited}"),
+                       body_format_override=_openai_body("rate_limit_exceeded")),
         ResponseMapper(filter=_cel(f"{_NOT_SIDECAR} && {_ANTHROPIC_PATH}"),
                        body_format_override=_anthropic_body("api_error")),
         ResponseMapper(filter=_cel(_NOT_SIDECAR),

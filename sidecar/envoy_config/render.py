@@ -82,6 +82,7 @@ from sidecar.envoy_config.fallback import (
     attempt_filters,
     no_target_cluster,
     retry_policy,
+    target_circuit_breakers,
 )
 from sidecar.envoy_config.local_replies import local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
@@ -276,6 +277,7 @@ def _target_cluster(name: str, base_url: str, connect_timeout: float,
         connect_timeout=timedelta(seconds=connect_timeout),
         load_assignment=_endpoints(name, host, port),
         typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
+        circuit_breakers=target_circuit_breakers(),
     )
     if tls:
         # Verify the chain (system trust store unless a CA file is given) *and* that the

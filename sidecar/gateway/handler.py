@@ -40,6 +40,8 @@ DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
 MAX_RETRIES_HEADER = "x-envoy-max-retries"
+# Request fields that name state stored at the provider (OpenAI Responses).
+_PROVIDER_STATE_KEYS = ("previous_response_id", "conversation")
 _MODELS_PATH = "/v1/models"
 
 
@@ -127,10 +129,10 @@ class Gateway:
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         routes = self._runtime.routes
-        # A Responses request that continues a stored response lives at one provider:
-        # another target has no such response id, so it gets no fallback.
-        allowed = 1 if payload.get("previous_response_id") is not None else (
-            group.fallback.max_attempts)
+        # A Responses request that continues a stored response or conversation lives at one
+        # provider: another target has no such id, so it gets no fallback.
+        stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
+        allowed = 1 if stateful else group.fallback.max_attempts
         attempts = tuple(
             routes[(model, choice.index, pending.dialect)].cluster
             for choice in decision.ordered[:allowed])
@@ -208,7 +210,7 @@ def _retry_refused(exc: RetargetError, path: str) -> Reply:
     log.error("fallback attempt refused: %s", exc)
     anthropic = path.split("?", 1)[0].endswith("/messages")
     return _error(ClientError(502, "The fallback target could not be prepared for this "
-                                   "request; no further attempt was made"), anthropic)
+                                   "request"), anthropic)
 
 
 def _error(error: ClientError, anthropic: bool) -> Reply:

@@ -78,12 +78,18 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
     if usage is not None and USAGE_KEY in usage.fields:
         tokens = int(usage.fields[USAGE_KEY].number_value)
+    upstream_ms = (last_rx - first_tx) if last_rx is not None else None
+    latency_ms = _ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration)
+    if common.upstream_request_attempt_count > 1:
+        # A fallback answered: the request's own span includes the failed attempts, which
+        # are the failed targets' time (recorded against them), not this target's.
+        latency_ms = upstream_ms
     return Observation(
         target=target,
         outcome=outcome_of(common.response_flags, status),
-        latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
+        latency_ms=latency_ms,
         ttfb_ms=(first_rx - first_tx) if first_rx is not None else None,
-        upstream_ms=(last_rx - first_tx) if last_rx is not None else None,
+        upstream_ms=upstream_ms,
         output_tokens=tokens,
     )
 
@@ -107,13 +113,14 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
 
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     def __init__(self, store: ObservationStore, targets: Mapping[str, str],
-                 groups: Mapping[str, str] | None = None) -> None:
+                 groups: Mapping[str, str] | None = None,
+                 attempt_window_s: float = 3600.0) -> None:
         """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
-        the model group."""
+        the model group; `attempt_window_s` is the longest a request's attempts can span."""
         self._store = store
         self._targets = targets
         self._groups = groups or {}
-        self._attempts = AttemptTracker()
+        self._attempts = AttemptTracker(max_age_s=attempt_window_s)
 
     async def StreamAccessLogs(
         self,

@@ -11,13 +11,19 @@ Envoy 1.40 leaves the attempt count of per-attempt entries unset, so attempts ar
 here by arrival: a request's attempts run one after another and are logged in that order
 on one stream, and only a failure can be followed by another attempt.
 
+Pairing keys on Envoy's request id. A failure waits at most `max_age_s` (the longest
+deadline a request can have) and pairs only with an attempt of the same group, so an id
+that comes back later (a client reusing one) cannot pair with a stale failure.
+
 Each followed failure yields one `Transition`: an observation against the failed target
 (`failed_over`, so reliability signals see it) and the `fallback_transition` event.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.observe.records import Observation, Outcome
@@ -59,28 +65,41 @@ class Transition:
 
 
 class AttemptTracker:
-    def __init__(self, max_pending: int = 10_000) -> None:
-        # request id → (its latest attempt, which failed; that attempt's number)
-        self._pending: OrderedDict[str, tuple[Attempt, int]] = OrderedDict()
+    def __init__(self, max_pending: int = 10_000, max_age_s: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # request id → (its latest attempt, which failed; that attempt's number; when seen)
+        self._pending: OrderedDict[str, tuple[Attempt, int, float]] = OrderedDict()
         self._max_pending = max_pending
+        self._max_age_s = max_age_s
+        self._clock = clock
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def add(self, attempt: Attempt) -> Transition | None:
         """Record one attempt's entry; returns the transition it completes, if any."""
+        now = self._clock()
+        self._expire(now)
         if not attempt.request_id:
             return None
         previous = self._pending.pop(attempt.request_id, None)
         transition = None
         number = 1
-        if previous is not None:
-            failed, failed_number = previous
+        if previous is not None and previous[0].group == attempt.group:
+            failed, failed_number, _ = previous
             number = failed_number + 1
             transition = Transition(failed.group, failed.target, attempt.target,
                                     failed.outcome.value, failed_number, failed.duration_ms)
         if attempt.outcome not in _NOT_FAILURES:
-            self._pending[attempt.request_id] = (attempt, number)
+            self._pending[attempt.request_id] = (attempt, number, now)
             while len(self._pending) > self._max_pending:
                 self._pending.popitem(last=False)
         return transition
+
+    def _expire(self, now: float) -> None:
+        """Entries are in arrival order, so the stale ones are at the front."""
+        while self._pending:
+            _, (_, _, seen) = next(iter(self._pending.items()))
+            if now - seen <= self._max_age_s:
+                return
+            self._pending.popitem(last=False)

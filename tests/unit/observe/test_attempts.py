@@ -9,8 +9,8 @@ from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
 from sidecar.observe.records import Outcome
 
 
-def attempt(target: str, outcome: Outcome, request_id: str = "r1") -> Attempt:
-    return Attempt(request_id, "g", target, outcome, 12.5)
+def attempt(target: str, outcome: Outcome, request_id: str = "r1", group: str = "g") -> Attempt:
+    return Attempt(request_id, group, target, outcome, 12.5)
 
 
 def test_a_failure_followed_by_another_attempt_is_a_transition() -> None:
@@ -63,3 +63,14 @@ def test_pending_failures_stay_bounded(entries: list[tuple[int, int, Outcome]]) 
     for request, _, outcome in entries:
         tracker.add(attempt("p/a", outcome, request_id=str(request)))
         assert len(tracker) <= 50
+
+
+def test_a_reused_request_id_never_pairs_with_a_stale_or_foreign_failure() -> None:
+    now = [0.0]
+    tracker = AttemptTracker(max_age_s=60, clock=lambda: now[0])
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR))  # a final failure: nothing follows
+    now[0] = 61.0
+    assert tracker.add(attempt("p/b", Outcome.OK)) is None  # same id, a minute later
+    assert len(tracker) == 0
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2", group="g"))
+    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r2", group="other")) is None
