@@ -396,6 +396,30 @@ def test_a_stream_after_a_fallback_still_arrives_event_by_event(fresh: Stack) ->
     assert fresh.new_outcomes("s1/s1-model", before, 1) == {"server_error": 1}
 
 
+RAW_ANTHROPIC_EVENTS = {"message_start", "content_block_start", "content_block_delta",
+                        "content_block_stop", "message_delta", "message_stop"}
+
+
+def test_an_anthropic_stream_after_a_fallback_arrives_event_by_event(fresh: Stack) -> None:
+    fresh.providers.provider("c1").behaviour = Behaviour(status=529)
+    fresh.providers.provider("c2").behaviour = Behaviour(inter_event_delay_s=0.2,
+                                                         text="three short words")
+    arrivals = []
+    with fresh.anthropic.messages.stream(
+            model="claude-chain", max_tokens=16,
+            messages=[{"role": "user", "content": "hi"}]) as stream:
+        for event in stream:
+            if event.type in RAW_ANTHROPIC_EVENTS:  # not the SDK's derived `text` events
+                arrivals.append(time.perf_counter())
+        assert stream.get_final_message().model == "c2-model"
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
+    assert len(gaps) >= 6
+    # The SDK does not surface the `ping` event after content_block_start: one double gap.
+    single = [gap for gap in gaps if 150 < gap < 300]
+    double = [gap for gap in gaps if 350 < gap < 500]
+    assert (len(single), len(double)) == (len(gaps) - 1, 1), gaps
+
+
 def test_a_stream_that_breaks_after_its_first_event_is_not_replayed(fresh: Stack) -> None:
     before = fresh.figures("s1/s1-model")
     fresh.providers.provider("s1").behaviour = Behaviour(inter_event_delay_s=0.2,
