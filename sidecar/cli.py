@@ -8,7 +8,9 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sidecar import __version__
 from sidecar.apis import Dialect
@@ -16,6 +18,8 @@ from sidecar.config import ConfigError, load_config_file
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
 from sidecar.signals import until_stop_signal
+
+T = TypeVar("T")
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
@@ -120,6 +124,17 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
 
 
+def run_event_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The long-running commands run on uvloop where it is installed (Linux and macOS): it
+    cut the sidecar's CPU per routed request by 10–30 % (docs/performance.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -154,7 +169,7 @@ def _up(args: argparse.Namespace) -> int:
         admin_http=args.admin_http,
     )
     try:
-        return asyncio.run(run_stack(options))
+        return run_event_loop(run_stack(options))
     except EnvoyStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -176,7 +191,7 @@ def _serve(args: argparse.Namespace) -> int:
         await until_stop_signal()
         await sidecar.stop()
 
-    asyncio.run(serve())
+    run_event_loop(serve())
     return 0
 
 
