@@ -126,7 +126,7 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_event_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     """The long-running commands run on uvloop where it is installed (Linux and macOS): it
-    cut the sidecar's CPU per routed request by 10–30 % (docs/performance.md)."""
+    cut the sidecar's CPU per routed request by about 8 % (docs/performance.md)."""
     try:
         import uvloop
     except ImportError:
