@@ -184,22 +184,36 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 
 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
-                  token: str) -> tuple[Processes, int]:
+                  token: str, processes: int = 1) -> tuple[Processes, int]:
+    """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
+    spreads the ext_proc streams over them)."""
     config = workdir / f"sidecar-{strategy}.yaml"
     config.write_text(sidecar_config(strategy, fast_port, drip_url, token))
-    listen, grpc_port, admin_http = free_port(), free_port(), free_port()
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
-         f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
-         "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listen = free_port()
+    grpc_ports = [free_port() for _ in range(processes)]
+    running = Processes()
+    for index, grpc_port in enumerate(grpc_ports):
+        admin_http = free_port()
+        running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
+             f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
+             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_http(admin_http, "/healthz")
+    document = yaml.safe_load(render_envoy_yaml(
+        load_config_text(config.read_text()),
+        EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
+                       ext_proc=f"127.0.0.1:{grpc_ports[0]}")))
+    for cluster in document["static_resources"]["clusters"]:
+        if cluster["name"] == "sidecar_ext_proc":
+            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+                {**endpoint, "endpoint": {"address": {"socket_address": {
+                    "address": "127.0.0.1", "port_value": port}}}} for port in grpc_ports]
     envoy_file = workdir / f"envoy-{strategy}.yaml"
-    envoy_file.write_text(render_envoy_yaml(load_config_text(config.read_text()), EnvoyAddresses(
-        listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
-        ext_proc=f"127.0.0.1:{grpc_port}")))
-    wait_http(admin_http, "/healthz")
-    envoy = start_envoy(envoy_file, "error")
+    envoy_file.write_text(yaml.safe_dump(document))
+    running.named = {"envoy": start_envoy(envoy_file, "error"), **running.named}
     wait_http(listen)
-    return Processes({"envoy": envoy, "sidecar": sidecar}), listen
+    return running, listen
 
 
 def litellm_command(venv: Path, workdir: Path, strategy: str, workers: int, fast_port: int,

@@ -26,9 +26,13 @@ setup = function(thread)
 end
 request = function()
   counter = counter + 1
+  local conversation = base + counter
+  if {conversations} > 0 then
+    conversation = counter % {conversations}
+  end
   return wrk.format(nil, "{path}", nil,
     '{{"model":"{model}","messages":[{{"role":"user","content":"conversation ' ..
-    (base + counter) .. ' {padding}"}}]}}')
+    conversation .. ' {padding}"}}]}}')
 end
 """
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
@@ -57,11 +61,14 @@ def _ms(text: str) -> float:
 
 
 def run_wrk(port: int, path: str, model: str, token: str, connections: int,
-            duration_s: float, body_bytes: int = 1024) -> WrkResult:
+            duration_s: float, body_bytes: int = 1024, conversations: int = 0) -> WrkResult:
+    """`conversations` > 0 cycles through that many conversations (per wrk thread);
+    otherwise every request starts a new one."""
     padding = "x" * max(0, body_bytes - 110)
     with tempfile.TemporaryDirectory() as workdir:
         script = Path(workdir) / "post.lua"
-        script.write_text(_SCRIPT.format(token=token, path=path, model=model, padding=padding))
+        script.write_text(_SCRIPT.format(token=token, path=path, model=model, padding=padding,
+                                         conversations=conversations))
         threads = min(2, connections)
         process = subprocess.Popen(
             [wrk_path(), "--latency", "-t", str(threads), "-c", str(connections),
