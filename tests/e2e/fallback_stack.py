@@ -1,0 +1,160 @@
+"""The stack the fallback and streaming end-to-end tests share: fake providers with
+failure injection (own keys each), and `sidecar up` with real Envoy in front of them."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+TOKEN = "fallback-caller-token"
+OPENAI_PROVIDERS = ("a1", "a2", "a3", "plain", "s1", "s2")
+ANTHROPIC_PROVIDERS = ("c1", "c2")
+KEYS = {name: f"key-{name}-secret" for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS}
+CONFIG = """\
+observations: {flush_interval_ms: 50, refresh_ms: 10}
+models:
+  chain:
+    strategy: failover
+    fallback: {per_try_timeout_seconds: 0.5}
+    targets:
+      - {provider: a1, model_ref: a1-model}
+      - {provider: a2, model_ref: a2-model}
+      - {provider: a3, model_ref: a3-model}
+  two-of-three:
+    strategy: failover
+    fallback: {max_attempts: 2}
+    targets:
+      - {provider: a1, model_ref: a1-model}
+      - {provider: a2, model_ref: a2-model}
+      - {provider: a3, model_ref: a3-model}
+  tool-chain:
+    strategy: failover
+    targets:
+      - {provider: a1, model_ref: a1-tools, supports_tools: true}
+      - {provider: plain, model_ref: no-tools, supports_tools: false}
+      - {provider: a3, model_ref: a3-tools, supports_tools: true}
+  stream-chain:
+    strategy: failover
+    targets:
+      - {provider: s1, model_ref: s1-model}
+      - {provider: s2, model_ref: s2-model}
+  dead-first:
+    strategy: failover
+    targets:
+      - {provider: dead, model_ref: nowhere}
+      - {provider: a2, model_ref: a2-model}
+  deadline-chain:
+    strategy: failover
+    fallback: {per_try_timeout_seconds: 0.5, deadline_seconds: 0.8}
+    targets:
+      - {provider: a1, model_ref: a1-model}
+      - {provider: a2, model_ref: a2-model}
+  sticky:
+    strategy: dynamic_score
+    targets:
+      - {provider: a1, model_ref: a1-sticky, weight: 9}
+      - {provider: a2, model_ref: a2-sticky, weight: 1}
+  claude-chain:
+    strategy: failover
+    targets:
+      - {provider: c1, model_ref: c1-model}
+      - {provider: c2, model_ref: c2-model}
+"""
+
+
+def config_text(providers: ProviderThread, closed_port: int) -> str:
+    lines = ["providers:",
+             f"  dead: {{base_url: 'http://127.0.0.1:{closed_port}/v1', credential: null}}"]
+    for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS:
+        dialect = "anthropic_messages" if name in ANTHROPIC_PROVIDERS else "openai_chat"
+        lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "
+                     f"credential: {{env: KEY_{name.upper()}}}, dialects: [{dialect}]}}")
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    lines.append(f"callers: [{{name: team, token_sha256: {digest}}}]")
+    return "\n".join(lines) + "\n" + CONFIG
+
+
+class Stack:
+    def __init__(self, up: UpProcess, providers: ProviderThread) -> None:
+        self.up = up
+        self.providers = providers
+        self.openai = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        self.anthropic = anthropic.Anthropic(base_url=up.base_url, api_key=TOKEN,
+                                             max_retries=0)
+
+    def admin(self, path: str) -> dict:
+        return httpx.get(f"http://127.0.0.1:{self.up.admin_http_port}{path}", timeout=5).json()
+
+    def figures(self, target: str) -> dict:
+        return self.admin("/observations")["targets"].get(target, {"count": 0, "outcomes": {}})
+
+    def new_outcomes(self, target: str, before: dict, count: int,
+                     timeout: float = 10.0) -> dict:
+        """The target's outcomes since `before` (its figures then), once `count` more
+        observations arrived."""
+        deadline = time.monotonic() + timeout
+        while True:
+            figures = self.figures(target)
+            if figures["count"] >= before["count"] + count:
+                return {name: n - before["outcomes"].get(name, 0)
+                        for name, n in figures["outcomes"].items()
+                        if n != before["outcomes"].get(name, 0)}
+            assert time.monotonic() < deadline, f"{target}: {figures}"
+            time.sleep(0.05)
+
+    def received(self, name: str) -> list:
+        return list(self.providers.provider(name).received)
+
+    def sidecar_log(self) -> str:
+        assert self.up.log_path is not None
+        return self.up.log_path.read_text()
+
+
+def start_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp: Path = tmp_path_factory.mktemp("fallback")
+    fakes = [FakeProvider(name, api_key=KEYS[name]) for name in KEYS]
+    with ProviderThread(fakes) as providers:
+        (tmp / "config.yaml").write_text(config_text(providers, free_port()))
+        env = {f"KEY_{name.upper()}": key for name, key in KEYS.items()}
+        up = UpProcess(["--config", str(tmp / "config.yaml")], env=env,
+                       log_path=tmp / "up.log")
+        with up.running():
+            yield Stack(up, providers)
+
+
+def reset(stack: Stack) -> Stack:
+    """Every provider healthy and with an empty request record."""
+    for provider in stack.providers.server.providers.values():
+        provider.behaviour = Behaviour()
+        provider.received.clear()
+        provider.cancelled = 0
+    return stack
+
+
+_unique = itertools.count()
+
+
+def ask(stack: Stack, group: str, **extra) -> openai.types.chat.ChatCompletion:
+    # A distinct prompt per call keeps observations per call easy to tell apart in logs.
+    messages = [{"role": "user", "content": f"hello {next(_unique)}"}]
+    return stack.openai.chat.completions.create(model=group, messages=messages, **extra)
+
+
+def assert_served_by(stack: Stack, name: str, model_ref: str) -> None:
+    (request,) = stack.received(name)
+    assert request.json()["model"] == model_ref
+    assert request.headers["authorization"] == f"Bearer {KEYS[name]}"
+    other_keys = {key for provider, key in KEYS.items() if provider != name}
+    assert not other_keys & {value.removeprefix("Bearer ") for value in request.headers.values()}
+    assert not [header for header in request.headers if header.startswith("x-envoy-")]
