@@ -167,6 +167,11 @@ class ProviderServer:
         return True
 
 
+# Real providers name the account behind the key in a response header; so do the fakes,
+# so tests can show the gateway does not pass it on.
+_ACCOUNT_HEADER = "openai-organization: org-demo-account"
+
+
 def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
     """Anthropic accepts `x-api-key` (and, like OpenAI, a bearer token); OpenAI only bearer."""
     if anthropic and "x-api-key" in request.headers:
@@ -203,7 +208,8 @@ async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
 
 async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
     head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"{_ACCOUNT_HEADER}\r\n\r\n")
     writer.write(head.encode() + body)
     await writer.drain()
 
@@ -211,7 +217,8 @@ async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> No
 async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float,
                   fail_after: int | None = None) -> None:
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+                 b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n"
+                 + _ACCOUNT_HEADER.encode() + b"\r\n\r\n")
     for sent, event in enumerate(events):
         if delay and sent:
             await asyncio.sleep(delay)

@@ -96,6 +96,8 @@ from sidecar.envoy_contract import (
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 CLIENT_ADDRESS_HEADERS = ("x-forwarded-for", "x-envoy-external-address", "x-envoy-internal")
+PROVIDER_ACCOUNT_HEADERS = ("openai-organization", "openai-project",
+                            "anthropic-organization-id")
 
 
 def render_envoy_yaml(config: SidecarConfig, addresses: EnvoyAddresses) -> str:
@@ -203,6 +205,8 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             # The caller's address (Envoy adds it as the edge): providers learn nothing
             # about who called.
             request_headers_to_remove=list(CLIENT_ADDRESS_HEADERS),
+            # …and callers learn nothing about the provider account behind the gateway.
+            response_headers_to_remove=list(PROVIDER_ACCOUNT_HEADERS),
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),

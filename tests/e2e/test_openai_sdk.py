@@ -52,9 +52,12 @@ def test_models_list_does_not_touch_providers(stack: Stack, providers: ProviderT
 def test_chat_completion_reaches_a_spec_target_with_its_model_ref(
     stack: Stack, providers: ProviderThread
 ) -> None:
-    reply = client(stack).chat.completions.create(
+    raw = client(stack).chat.completions.with_raw_response.create(
         model="adaptive-agent", messages=[{"role": "user", "content": "Say hello"}]
     )
+    # The fake provider names its account, as real ones do; callers never see it.
+    assert "openai-organization" not in raw.headers
+    reply = raw.parse()
     served = _served_by(providers, SPEC_TARGETS)
     assert len(served) == 1
     provider, request = served[0]
