@@ -143,17 +143,23 @@ def no_target_cluster() -> Cluster:
                    load_assignment=ClusterLoadAssignment(cluster_name=NO_TARGET_CLUSTER))
 
 
+def request_only_mode() -> ProcessingMode:
+    """What both ext_proc filters ask for: request headers and the buffered body, nothing
+    of the response (the sidecar must never sit in a stream's path)."""
+    return ProcessingMode(
+        request_header_mode=ProcessingModeHeaderSendMode.SEND,
+        response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+        request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+        response_body_mode=ProcessingModeBodySendMode.NONE,
+        request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+    )
+
+
 def _retarget_processor(message_timeout_ms: int) -> ExternalProcessor:
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
-        processing_mode=ProcessingMode(
-            request_header_mode=ProcessingModeHeaderSendMode.SEND,
-            response_header_mode=ProcessingModeHeaderSendMode.SKIP,
-            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
-            response_body_mode=ProcessingModeBodySendMode.NONE,
-            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-        ),
+        processing_mode=request_only_mode(),
         request_attributes=[CLUSTER_ATTRIBUTE],
         message_timeout=timedelta(milliseconds=message_timeout_ms),
         # Never send a retry on with the previous target's key and model.

@@ -50,9 +50,6 @@ from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     MetadataOptions,
     MetadataOptionsMetadataNamespaces,
-    ProcessingMode,
-    ProcessingModeBodySendMode,
-    ProcessingModeHeaderSendMode,
 )
 from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -81,6 +78,7 @@ from sidecar.envoy_config.fallback import (
     add_attempt_order,
     attempt_filters,
     no_target_cluster,
+    request_only_mode,
     retry_policy,
     target_circuit_breakers,
 )
@@ -160,14 +158,7 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
         ),
-        processing_mode=ProcessingMode(
-            request_header_mode=ProcessingModeHeaderSendMode.SEND,
-            response_header_mode=ProcessingModeHeaderSendMode.SKIP,
-            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
-            response_body_mode=ProcessingModeBodySendMode.NONE,
-            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-        ),
+        processing_mode=request_only_mode(),
         message_timeout=timedelta(milliseconds=limits.sidecar_message_timeout_ms),
         failure_mode_allow=False,
         # The sidecar removes caller-sent x-envoy-* control headers and sets the retry

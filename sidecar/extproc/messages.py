@@ -88,20 +88,25 @@ def attempt_order(clusters: tuple[str, ...]) -> Struct:
     return order
 
 
+def _rewrite(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
+             body: bytes, clear_route_cache: bool = False) -> ext.BodyResponse:
+    """Answer to a buffered request body: header changes and the new body."""
+    return ext.BodyResponse(
+        response=ext.CommonResponse(
+            header_mutation=ext.HeaderMutation(
+                set_headers=_set(set_headers), remove_headers=list(remove_headers)),
+            body_mutation=ext.BodyMutation(body=body),
+            clear_route_cache=clear_route_cache,
+        )
+    )
+
+
 def forward(outcome: Forward) -> ext.ProcessingResponse:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
     return ext.ProcessingResponse(
-        request_body=ext.BodyResponse(
-            response=ext.CommonResponse(
-                header_mutation=ext.HeaderMutation(
-                    set_headers=_set(outcome.set_headers),
-                    remove_headers=list(outcome.remove_headers),
-                ),
-                body_mutation=ext.BodyMutation(body=outcome.body),
-                clear_route_cache=True,
-            )
-        ),
+        request_body=_rewrite(outcome.set_headers, outcome.remove_headers, outcome.body,
+                              clear_route_cache=True),
         dynamic_metadata=attempt_order(outcome.attempts),
     )
 
@@ -114,13 +119,4 @@ def retarget(outcome: Retarget) -> ext.ProcessingResponse:
     """Header mutations made here stay on the request for later attempts, so every
     per-target header is set or removed on every retry (ARCHITECTURE.md)."""
     return ext.ProcessingResponse(
-        request_body=ext.BodyResponse(
-            response=ext.CommonResponse(
-                header_mutation=ext.HeaderMutation(
-                    set_headers=_set(outcome.set_headers),
-                    remove_headers=list(outcome.remove_headers),
-                ),
-                body_mutation=ext.BodyMutation(body=outcome.body),
-            )
-        )
-    )
+        request_body=_rewrite(outcome.set_headers, outcome.remove_headers, outcome.body))

@@ -21,7 +21,12 @@ from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.gateway.decision_log import log_decision
 from sidecar.gateway.outcome import Forward, Reply, Retarget
-from sidecar.gateway.retarget import RetargetError, attempt_route, retarget
+from sidecar.gateway.retarget import (
+    RetargetError,
+    attempt_dialect,
+    attempt_route,
+    retarget,
+)
 from sidecar.gateway.runtime import Runtime, TargetRoute
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
@@ -133,10 +138,10 @@ class Gateway:
         # provider: another target has no such id, so it gets no fallback.
         stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
         allowed = 1 if stateful else group.fallback.max_attempts
-        attempts = tuple(
-            routes[(model, choice.index, pending.dialect)].cluster
-            for choice in decision.ordered[:allowed])
-        route = routes[(model, decision.primary.index, pending.dialect)]
+        chosen = [routes[(model, choice.index, pending.dialect)]
+                  for choice in decision.ordered[:allowed]]
+        attempts = tuple(target.cluster for target in chosen)
+        route = chosen[0]
         new_body = parsed.with_model(route.model_ref)
         set_headers = [
             (":path", route.path),
@@ -208,7 +213,8 @@ def _presented_token(headers: Mapping[str, str]) -> str | None:
 
 def _retry_refused(exc: RetargetError, path: str) -> Reply:
     log.error("fallback attempt refused: %s", exc)
-    anthropic = path.split("?", 1)[0].endswith("/messages")
+    dialect = attempt_dialect(path)
+    anthropic = dialect.is_anthropic if dialect else False
     return _error(ClientError(502, "The fallback target could not be prepared for this "
                                    "request"), anthropic)
 

@@ -1,36 +1,23 @@
 """Native streaming and cancellation through real Envoy, with and after a fallback: events
 arrive as the provider sends them, a broken stream is never replayed elsewhere, and
-hang-ups cancel upstream and leave nothing behind (the shared stack: fallback_stack.py)."""
+hang-ups cancel upstream and leave nothing behind (the shared stack: conftest.py)."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from sidecar.devstack.providers import Behaviour
-from tests.e2e.fallback_stack import (
+from tests.e2e.fallback.conftest import (
     TOKEN,
     Stack,
-    reset,
-    start_stack,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from start_stack(tmp_path_factory)
-
-
-@pytest.fixture
-def fresh(stack: Stack) -> Stack:
-    return reset(stack)
 
 
 def arrival_gaps_ms(stack: Stack, group: str) -> list[float]:

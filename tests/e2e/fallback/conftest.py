@@ -1,5 +1,6 @@
 """The stack the fallback and streaming end-to-end tests share: fake providers with
-failure injection (own keys each), and `sidecar up` with real Envoy in front of them."""
+failure injection (own keys each), and `sidecar up` with real Envoy in front of them.
+Fixtures: `stack` (one per test module) and `fresh` (providers reset per test)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,13 @@ def assert_served_by(stack: Stack, name: str, model_ref: str) -> None:
     other_keys = {key for provider, key in KEYS.items() if provider != name}
     assert not other_keys & {value.removeprefix("Bearer ") for value in request.headers.values()}
     assert not [header for header in request.headers if header.startswith("x-envoy-")]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from start_stack(tmp_path_factory)
+
+
+@pytest.fixture
+def fresh(stack: Stack) -> Stack:
+    return reset(stack)

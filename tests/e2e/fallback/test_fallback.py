@@ -1,38 +1,25 @@
 """Pre-commit fallback through real Envoy: fake providers with injected failures, the
-official SDKs as clients (the shared stack: fallback_stack.py)."""
+official SDKs as clients (the shared stack: conftest.py)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import time
-from collections.abc import Iterator
 
 import anthropic
 import openai
 import pytest
 
 from sidecar.devstack.providers import Behaviour
-from tests.e2e.fallback_stack import (
+from tests.e2e.fallback.conftest import (
     KEYS,
     Stack,
     ask,
     assert_served_by,
-    reset,
-    start_stack,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from start_stack(tmp_path_factory)
-
-
-@pytest.fixture
-def fresh(stack: Stack) -> Stack:
-    return reset(stack)
 
 
 FAILURES = {
