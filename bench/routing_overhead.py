@@ -71,22 +71,21 @@ def in_process_cost(body: bytes, rounds: int) -> float:
     body_message = ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
     wire = (headers.SerializeToString(), body_message.SerializeToString())
 
-    async def one() -> None:
-        async def incoming():
-            for raw in wire:  # parse from bytes, as grpc does
-                yield ext.ProcessingRequest.FromString(raw)
-        async for response in processor.Process(incoming(), None):
-            response.SerializeToString()
+    def one() -> None:
+        stream = processor.stream()
+        for raw in wire:  # parse from bytes and serialize the answer, as on the wire
+            response, done = stream.step(ext.ProcessingRequest.FromString(raw))
+            if response is not None:
+                response.SerializeToString()
+            if done:
+                break
 
-    async def run() -> float:
-        for _ in range(min(rounds, 200)):
-            await one()
-        started = time.process_time()
-        for _ in range(rounds):
-            await one()
-        return (time.process_time() - started) / rounds * 1e6
-
-    return asyncio.run(run())
+    for _ in range(min(rounds, 200)):
+        one()
+    started = time.process_time()
+    for _ in range(rounds):
+        one()
+    return (time.process_time() - started) / rounds * 1e6
 
 
 # --- 2. end to end -----------------------------------------------------------------------

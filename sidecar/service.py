@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
 from sidecar.admin import AdminServer
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
+from sidecar.grpcwire import GrpcServer
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
 
 
 @dataclass
 class RunningSidecar:
-    server: grpc.aio.Server
+    server: GrpcServer
     admin: AdminServer
     store: ObservationStore
 

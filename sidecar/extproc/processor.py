@@ -1,100 +1,128 @@
-"""The ext_proc stream loop: one gRPC stream per HTTP request, two messages on the happy path
+"""The ext_proc protocol loop: one gRPC stream per HTTP request, two messages on the happy path
 (request headers, then the buffered request body).
 
 Two kinds of streams arrive on the same service. The router-level filter opens one per
 request and gets the routing decision. The per-attempt filter on the target clusters opens
 one only for a retry (Envoy skips it on first attempts) and names the attempt's cluster in
 its attributes; that stream rewrites the retry for its target.
+
+Everything here is synchronous: a message in, at most one response out, and whether the
+stream is done. The gRPC server (sidecar.grpcwire) calls it straight from the socket read.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
 from sidecar.dialects.errors import ClientError
 from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply
 from sidecar.gateway.runtime import TargetRoute
+from sidecar.grpcwire.call import Call
 
 log = logging.getLogger("sidecar.extproc")
 
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+METHOD = "Process"
 
-class ExternalProcessor(ext_grpc.ExternalProcessorServicer):
+Step = tuple[ext.ProcessingResponse | None, bool]  # (response to send, stream done)
+
+
+class ExternalProcessor:
+    """Makes one `ProcessStream` per ext_proc stream and counts the open ones (an operator,
+    and the leak tests, read `active_streams` from the admin /status endpoint)."""
+
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        # Streams being served right now; an operator (and the leak tests) read it.
         self.active_streams = 0
 
     @property
     def max_body_bytes(self) -> int:
         return self._gateway.max_body_bytes
 
-    async def Process(
-        self,
-        request_iterator: AsyncIterator[ext.ProcessingRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[ext.ProcessingResponse]:
+    def stream(self) -> ProcessStream:
         self.active_streams += 1
-        pending: Pending | None = None
-        route: TargetRoute | None = None
+        return ProcessStream(self)
+
+    def _closed(self) -> None:
+        self.active_streams -= 1
+
+
+class ProcessStream:
+    """One ext_proc stream: the gRPC handler interface around `step`."""
+
+    __slots__ = ("_closed", "_gateway", "_pending", "_processor", "_route")
+
+    def __init__(self, processor: ExternalProcessor) -> None:
+        self._processor = processor
+        self._gateway = processor._gateway
+        self._pending: Pending | None = None
+        self._route: TargetRoute | None = None
+        self._closed = False
+
+    def on_message(self, call: Call, payload: bytes) -> None:
+        response, done = self.step(ext.ProcessingRequest.FromString(payload))
+        if response is not None:
+            call.send(response.SerializeToString())
+        if done:
+            call.finish()
+            self._close()
+
+    def on_half_close(self, call: Call) -> None:
+        call.finish()
+        self._close()
+
+    def on_cancel(self) -> None:
+        # Envoy resets finished or abandoned streams; both are normal.
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._processor._closed()
+
+    def step(self, request: ext.ProcessingRequest) -> Step:
         try:
-            async for request in request_iterator:
-                kind = request.WhichOneof("request")
-                if kind == "request_headers":
-                    headers = messages.header_map(request.request_headers)
-                    cluster = messages.attempt_cluster(request)
-                    if cluster is not None:
-                        attempt = self._gateway.on_attempt_headers(cluster, headers)
-                        if isinstance(attempt, Reply):
-                            yield messages.immediate(attempt)
-                            return
-                        route = attempt
-                        yield messages.continue_attempt()
-                        continue
-                    outcome = self._gateway.on_headers(
-                        headers, request.request_headers.end_of_stream
-                    )
-                    if isinstance(outcome, Reply):
-                        yield messages.immediate(outcome)
-                        return
-                    pending = outcome
-                    yield messages.continue_headers(headers)
-                elif kind == "request_body" and route is not None:
-                    rewritten = self._gateway.on_attempt_body(route, request.request_body.body)
-                    if isinstance(rewritten, Reply):
-                        yield messages.immediate(rewritten)
-                    else:
-                        yield messages.retarget(rewritten)
-                    return
-                elif kind == "request_body":
-                    if pending is None:
-                        yield messages.immediate(_internal("request body before headers"))
-                        return
-                    outcome = self._gateway.on_body(pending, request.request_body.body)
-                    if isinstance(outcome, Reply):
-                        yield messages.immediate(outcome)
-                    else:
-                        yield messages.forward(outcome)
-                    return
-                else:
-                    # Phases we did not ask for (Envoy config drift): never stall the request.
-                    log.warning("unexpected ext_proc message %s; continuing", kind)
-                    return
-        except asyncio.CancelledError:
-            # Envoy resets finished or abandoned streams; both are normal.
-            return
+            return self._step(request)
         except Exception:
             log.exception("ext_proc stream failed")
-            anthropic = pending.dialect.is_anthropic if pending else False
-            yield messages.immediate(_internal("internal routing error", anthropic))
-        finally:
-            self.active_streams -= 1
+            anthropic = self._pending.dialect.is_anthropic if self._pending else False
+            return messages.immediate(_internal("internal routing error", anthropic)), True
+
+    def _step(self, request: ext.ProcessingRequest) -> Step:
+        kind = request.WhichOneof("request")
+        gateway = self._gateway
+        if kind == "request_headers":
+            headers = messages.header_map(request.request_headers)
+            cluster = messages.attempt_cluster(request)
+            if cluster is not None:
+                attempt = gateway.on_attempt_headers(cluster, headers)
+                if isinstance(attempt, Reply):
+                    return messages.immediate(attempt), True
+                self._route = attempt
+                return messages.continue_attempt(), False
+            outcome = gateway.on_headers(headers, request.request_headers.end_of_stream)
+            if isinstance(outcome, Reply):
+                return messages.immediate(outcome), True
+            self._pending = outcome
+            return messages.continue_headers(headers), False
+        if kind == "request_body" and self._route is not None:
+            rewritten = gateway.on_attempt_body(self._route, request.request_body.body)
+            if isinstance(rewritten, Reply):
+                return messages.immediate(rewritten), True
+            return messages.retarget(rewritten), True
+        if kind == "request_body":
+            if self._pending is None:
+                return messages.immediate(_internal("request body before headers")), True
+            outcome = gateway.on_body(self._pending, request.request_body.body)
+            if isinstance(outcome, Reply):
+                return messages.immediate(outcome), True
+            return messages.forward(outcome), True
+        # Phases we did not ask for (Envoy config drift): never stall the request.
+        log.warning("unexpected ext_proc message %s; continuing", kind)
+        return None, True
 
 
 def _internal(message: str, anthropic: bool = False) -> Reply:

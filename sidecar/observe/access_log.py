@@ -11,16 +11,15 @@ earlier attempts of a fallback chain (attempts.py) and the `fallback_transition`
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
-import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from envoy.service.accesslog.v3 import als_pb2
 
 from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_KEY, USAGE_NAMESPACE
+from sidecar.grpcwire.call import Call
 from sidecar.observe.attempts import Attempt, AttemptTracker
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
@@ -111,7 +110,10 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
     )
 
 
-class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
+class AccessLogReceiver:
+    SERVICE = "envoy.service.accesslog.v3.AccessLogService"
+    METHOD = "StreamAccessLogs"
+
     def __init__(self, store: ObservationStore, targets: Mapping[str, str],
                  groups: Mapping[str, str] | None = None,
                  attempt_window_s: float = 3600.0) -> None:
@@ -122,27 +124,18 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         self._groups = groups or {}
         self._attempts = AttemptTracker(max_age_s=attempt_window_s)
 
-    async def StreamAccessLogs(
-        self,
-        request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
-        context: grpc.aio.ServicerContext,
-    ) -> als_pb2.StreamAccessLogsResponse:
-        per_attempt = False
-        try:
-            async for message in request_iterator:
-                if message.HasField("identifier"):  # sent once, on a stream's first message
-                    per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME
-                for entry in message.http_logs.log_entry:
-                    try:
-                        if per_attempt:
-                            self._attempt(entry)
-                        else:
-                            self._request(entry)
-                    except Exception:  # one odd entry must not end the stream
-                        log.exception("unreadable access-log entry skipped")
-        except asyncio.CancelledError:
-            pass
-        return als_pb2.StreamAccessLogsResponse()
+    def stream(self) -> AccessLogStream:
+        return AccessLogStream(self)
+
+    def receive(self, message: als_pb2.StreamAccessLogsMessage, per_attempt: bool) -> None:
+        for entry in message.http_logs.log_entry:
+            try:
+                if per_attempt:
+                    self._attempt(entry)
+                else:
+                    self._request(entry)
+            except Exception:  # one odd entry must not end the stream
+                log.exception("unreadable access-log entry skipped")
 
     def _request(self, entry: al.HTTPAccessLogEntry) -> None:
         observation = observation_of(entry, self._targets)
@@ -157,3 +150,28 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         if transition is not None:
             self._store.record(transition.observation())
             fallback_log.info("%s", json.dumps(transition.event(), separators=(",", ":")))
+
+
+class AccessLogStream:
+    """One StreamAccessLogs call. Envoy names the log on a stream's first message only, so
+    the stream remembers which of the two logs it carries."""
+
+    def __init__(self, receiver: AccessLogReceiver) -> None:
+        self._receiver = receiver
+        self._per_attempt = False
+
+    def on_message(self, call: Call, payload: bytes) -> None:
+        message = als_pb2.StreamAccessLogsMessage.FromString(payload)
+        if message.HasField("identifier"):
+            self._per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME
+        self._receiver.receive(message, self._per_attempt)
+
+    def on_half_close(self, call: Call) -> None:
+        call.send(_EMPTY_RESPONSE)
+        call.finish()
+
+    def on_cancel(self) -> None:
+        pass
+
+
+_EMPTY_RESPONSE = als_pb2.StreamAccessLogsResponse().SerializeToString()

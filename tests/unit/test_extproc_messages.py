@@ -3,7 +3,6 @@ what it answers for each phase and how the answer is encoded."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 
@@ -53,16 +52,19 @@ def attempt_headers(cluster: str, path: str) -> ext.ProcessingRequest:
 
 
 def run(*requests: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+    """Drive one ext_proc stream; each request is serialized and parsed as on the wire."""
     processor = ExternalProcessor(Gateway(Runtime(CONFIG, {"K": "provider-key",
                                                            "K2": "other-key"})))
-
-    async def drive() -> list[ext.ProcessingResponse]:
-        async def incoming():
-            for request in requests:
-                yield request
-        return [response async for response in processor.Process(incoming(), None)]
-
-    return asyncio.run(drive())
+    stream = processor.stream()
+    responses = []
+    for request in requests:
+        response, done = stream.step(ext.ProcessingRequest.FromString(
+            request.SerializeToString()))
+        if response is not None:
+            responses.append(ext.ProcessingResponse.FromString(response.SerializeToString()))
+        if done:
+            break
+    return responses
 
 
 def test_messages_are_upb_backed() -> None:

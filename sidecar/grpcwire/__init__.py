@@ -1,0 +1,6 @@
+"""A minimal gRPC-over-HTTP/2 server for synchronous handlers (the ext_proc hot path)."""
+
+from sidecar.grpcwire.call import Call, Handler, HandlerFactory
+from sidecar.grpcwire.server import GrpcServer
+
+__all__ = ["Call", "GrpcServer", "Handler", "HandlerFactory"]

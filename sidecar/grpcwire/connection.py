@@ -1,0 +1,414 @@
+"""The server side of one HTTP/2 connection carrying gRPC calls, as an asyncio protocol.
+
+Why not grpc.aio: Envoy opens one ext_proc stream per HTTP request, and grpc.aio spends
+most of the sidecar's CPU on per-stream machinery (a task per call, completion-queue hops,
+several awaits per message). Here a read is parsed in place, each complete message goes
+straight to its method's synchronous handler, and everything the read produced leaves in one
+write. Measured in bench/side_by_side.py; see docs/performance.md.
+
+Scope: plaintext HTTP/2 (h2c with prior knowledge) as gRPC clients and Envoy speak it, flow
+control in both directions, PING, SETTINGS, RST_STREAM, GOAWAY, CONTINUATION, padding.
+Header blocks are decoded with `hpack` (its dynamic table must follow every block, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import TYPE_CHECKING, cast
+
+import hpack
+
+from sidecar.grpcwire import frames as f
+from sidecar.grpcwire.call import INTERNAL, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Call
+
+if TYPE_CHECKING:
+    from sidecar.grpcwire.server import GrpcServer
+
+log = logging.getLogger("sidecar.grpcwire")
+
+# What we let the peer send before it hears from us again. Generous, so a buffered 1 MiB
+# body flows without waiting for window updates; replenished at half.
+STREAM_WINDOW = 16 * 1024 * 1024
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_FRAME_IN = 256 * 1024
+_MESSAGE_PREFIX = struct.Struct(">BI")
+_U32 = struct.Struct(">I")
+
+
+class ConnectionError_(Exception):
+    """A connection-level protocol error (RFC 9113 §5.4.1): GOAWAY, then close."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: GrpcServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._preface_seen = False
+        self._decoder = hpack.Decoder()
+        self._calls: dict[int, Call] = {}
+        self._blocked: dict[int, Call] = {}  # calls with output waiting for window
+        self._out = bytearray()
+        self._reading = False
+        self._send_window = f.DEFAULT_WINDOW
+        self._peer_initial_window = f.DEFAULT_WINDOW
+        self._peer_max_frame = f.DEFAULT_MAX_FRAME
+        self._recv_unacked = 0
+        self._continuation: tuple[int, int, bytearray] | None = None
+        self._last_stream_id = 0
+        self.going_away = False
+
+    @property
+    def open_calls(self) -> int:
+        return len(self._calls)
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._server.connections.add(self)
+        self._out += f.settings({
+            f.SETTINGS_ENABLE_PUSH: 0,
+            f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME_IN,
+        })
+        self._out += f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        self._reading = True
+        try:
+            self._receive(data)
+        except ConnectionError_ as error:
+            log.warning("closing gRPC connection: %s", error)
+            self._out += f.goaway(self._last_stream_id, error.code)
+            self._close()
+        except Exception:
+            log.exception("closing gRPC connection after an internal error")
+            self._out += f.goaway(self._last_stream_id, f.INTERNAL_ERROR)
+            self._close()
+        finally:
+            self._reading = False
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        calls, self._calls = self._calls, {}
+        self._blocked.clear()
+        for call in calls.values():
+            self._cancel(call)
+        self._transport = None
+
+    def pause_writing(self) -> None:  # the peer is not reading: stop reading from it
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    # --- used by Call and the server --------------------------------------------------
+
+    def send_message(self, call: Call, message: bytes) -> None:
+        if not call.headers_sent:
+            call.headers_sent = True
+            self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id, f.RESPONSE_HEADERS)
+        self._send_data(call, _MESSAGE_PREFIX.pack(0, len(message)) + message)
+        self._flush_unless_reading()
+
+    def finish_call(self, call: Call, status: int, message: str) -> None:
+        if call.headers_sent:
+            block = f.trailers(status, message)
+        else:  # trailers-only response
+            call.headers_sent = True
+            block = f.RESPONSE_HEADERS + f.trailers(status, message)
+        trailers = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.id, block)
+        if call.pending_data:
+            call.pending_trailers = trailers
+        else:
+            self._out += trailers
+            self._calls.pop(call.id, None)
+        self._flush_unless_reading()
+
+    def go_away(self) -> None:
+        """Graceful stop: no new calls; those in flight may finish."""
+        if not self.going_away and self._transport is not None:
+            self.going_away = True
+            self._out += f.goaway(self._last_stream_id, f.NO_ERROR)
+            self._flush()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # --- reading ----------------------------------------------------------------------
+
+    def _receive(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        position = 0
+        if not self._preface_seen:
+            if len(buffer) < len(f.PREFACE):
+                return
+            if buffer[:len(f.PREFACE)] != f.PREFACE:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            self._preface_seen = True
+            position = len(f.PREFACE)
+        size = len(buffer)
+        while size - position >= 9:
+            high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(buffer, position)
+            length = (high << 8) | low
+            if length > MAX_FRAME_IN:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+            end = position + 9 + length
+            if end > size:
+                break
+            payload = bytes(buffer[position + 9:end])
+            position = end
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
+            if self._transport is None or self._transport.is_closing():
+                return
+        del buffer[:position]
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuation is not None and kind != f.CONTINUATION:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "header block interrupted")
+        if kind == f.DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == f.HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == f.CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._on_settings(payload)
+        elif kind == f.WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self._out += f.frame(f.PING, f.ACK, 0, payload)
+        elif kind == f.RST_STREAM:
+            call = self._calls.pop(stream_id, None)
+            if call is not None:
+                self._blocked.pop(stream_id, None)
+                self._cancel(call)
+        elif kind == f.PUSH_PROMISE:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "clients cannot push")
+        # PRIORITY, GOAWAY (the peer stops opening calls) and unknown types: nothing to do.
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        length = len(payload)
+        self._recv_unacked += length
+        if self._recv_unacked >= CONNECTION_WINDOW // 2:
+            self._out += f.window_update(0, self._recv_unacked)
+            self._recv_unacked = 0
+        call = self._calls.get(stream_id)
+        if call is None or call.remote_closed:
+            return  # a call we already finished or reset; its bytes still count above
+        if flags & f.PADDED:
+            payload = _unpad(payload)
+        call.recv_unacked += length
+        if call.recv_unacked >= STREAM_WINDOW // 2 and not flags & f.END_STREAM:
+            self._out += f.window_update(stream_id, call.recv_unacked)
+            call.recv_unacked = 0
+        if payload:
+            self._messages(call, payload)
+        if flags & f.END_STREAM and not call.finished:
+            call.remote_closed = True
+            self._dispatch(call, None)
+
+    def _messages(self, call: Call, payload: bytes) -> None:
+        """Split gRPC length-prefixed messages out of the call's byte stream."""
+        inbox = call.inbox
+        inbox += payload
+        limit = self._server.max_message_bytes
+        while len(inbox) >= 5 and not call.finished:
+            compressed, size = _MESSAGE_PREFIX.unpack_from(inbox, 0)
+            if size > limit:
+                call.finish(RESOURCE_EXHAUSTED, f"message larger than {limit} bytes")
+                return
+            if compressed:
+                call.finish(UNIMPLEMENTED, "compressed messages are not supported")
+                return
+            if len(inbox) < 5 + size:
+                return
+            message = bytes(memoryview(inbox)[5:5 + size])
+            del inbox[:5 + size]
+            self._dispatch(call, message)
+
+    def _dispatch(self, call: Call, message: bytes | None) -> None:
+        """Hand a message (or the client's half-close, None) to the call's handler."""
+        handler = call.handler
+        if handler is None:
+            return
+        try:
+            if message is None:
+                handler.on_half_close(call)
+            else:
+                handler.on_message(call, message)
+        except Exception:
+            log.exception("gRPC handler failed")
+            call.finish(INTERNAL, "internal error")
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        start, end = 0, len(payload)
+        if flags & f.PADDED:
+            start, end = 1, end - payload[0]
+        if flags & f.PRIORITY_FLAG:
+            start += 5
+        if start > end:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "bad HEADERS padding")
+        block = payload[start:end]
+        if flags & f.END_HEADERS:
+            self._header_block(flags, stream_id, block)
+        else:
+            self._continuation = (stream_id, flags, bytearray(block))
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuation is None or self._continuation[0] != stream_id:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        self._continuation[2].extend(payload)
+        if flags & f.END_HEADERS:
+            _, first_flags, block = self._continuation
+            self._continuation = None
+            self._header_block(first_flags, stream_id, bytes(block))
+
+    def _header_block(self, flags: int, stream_id: int, block: bytes) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as error:
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
+        call = self._calls.get(stream_id)
+        if call is not None:  # client trailers: gRPC clients send none, but allow them
+            if flags & f.END_STREAM and not call.finished:
+                call.remote_closed = True
+                self._dispatch(call, None)
+            return
+        if stream_id % 2 == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "even stream id from a client")
+        if stream_id <= self._last_stream_id:
+            return  # trailers of a call we already finished
+        self._last_stream_id = stream_id
+        if self.going_away:
+            self._out += f.rst_stream(stream_id, f.REFUSED_STREAM)
+            return
+        path = next((value for name, value in headers if name == b":path"), b"")
+        call = Call(self, stream_id, self._peer_initial_window)
+        self._calls[stream_id] = call
+        factory = self._server.methods.get(path)
+        if factory is None:
+            call.finish(UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
+            return
+        call.handler = factory()
+        if flags & f.END_STREAM:
+            call.remote_closed = True
+            self._dispatch(call, None)
+
+    def _on_settings(self, payload: bytes) -> None:
+        if len(payload) % 6:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS length")
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self._peer_initial_window
+                self._peer_initial_window = value
+                for call in self._calls.values():
+                    call.send_window += delta
+            elif key == f.SETTINGS_MAX_FRAME_SIZE:
+                self._peer_max_frame = value
+        self._out += f.frame(f.SETTINGS, f.ACK, 0)
+        self._drain_blocked()
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            self._send_window += increment
+            self._drain_blocked()
+            return
+        call = self._calls.get(stream_id)
+        if call is not None:
+            call.send_window += increment
+            if call.id in self._blocked:
+                self._drain(call)
+
+    # --- writing ----------------------------------------------------------------------
+
+    def _send_data(self, call: Call, data: bytes) -> None:
+        if call.pending_data:
+            call.pending_data += data
+            return
+        allowed = min(len(data), self._send_window, call.send_window)
+        self._write_data(call, data, allowed)
+        if allowed < len(data):
+            call.pending_data += data[allowed:]
+            self._blocked[call.id] = call
+
+    def _write_data(self, call: Call, data: bytes, size: int) -> None:
+        self._send_window -= size
+        call.send_window -= size
+        step = self._peer_max_frame
+        view = memoryview(data)
+        for offset in range(0, size, step):
+            self._out += f.frame(f.DATA, 0, call.id, view[offset:min(offset + step, size)])
+
+    def _drain_blocked(self) -> None:
+        for call in list(self._blocked.values()):
+            self._drain(call)
+            if self._send_window <= 0:
+                break
+
+    def _drain(self, call: Call) -> None:
+        pending = call.pending_data
+        allowed = min(len(pending), self._send_window, call.send_window)
+        if allowed <= 0:
+            return
+        self._write_data(call, bytes(pending[:allowed]), allowed)
+        del pending[:allowed]
+        if pending:
+            return
+        self._blocked.pop(call.id, None)
+        if call.pending_trailers is not None:
+            self._out += call.pending_trailers
+            call.pending_trailers = None
+            self._calls.pop(call.id, None)
+        self._flush_unless_reading()
+
+    def _flush_unless_reading(self) -> None:
+        if not self._reading:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(bytes(self._out))
+        self._out.clear()
+
+    def _cancel(self, call: Call) -> None:
+        if call.finished or call.handler is None:
+            return
+        call.finished = True
+        try:
+            call.handler.on_cancel()
+        except Exception:
+            log.exception("gRPC handler failed on cancel")
+
+    def _close(self) -> None:
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _unpad(payload: bytes) -> bytes:
+    pad = payload[0]
+    if pad >= len(payload):
+        raise ConnectionError_(f.PROTOCOL_ERROR, "bad DATA padding")
+    return payload[1:len(payload) - pad]

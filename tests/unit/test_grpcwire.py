@@ -1,0 +1,319 @@
+"""The sidecar's own gRPC server, exercised by the official grpcio client (and, for protocol
+corner cases, by raw HTTP/2 frames): streaming in both directions, flow control with messages
+far larger than any window, errors, cancellation and graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import hpack
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.grpcwire import Call, GrpcServer
+from sidecar.grpcwire import frames as f
+from sidecar.grpcwire.health import add_health
+
+SERVICE = "test.Echo"
+
+
+class Echo:
+    """Echoes each message; finishes on half-close; `boom` raises; `stop` finishes early."""
+
+    cancelled = 0
+
+    def on_message(self, call: Call, payload: bytes) -> None:
+        if payload == b"boom":
+            raise RuntimeError("handler failure")
+        call.send(payload)
+        if payload == b"stop":
+            call.finish()
+
+    def on_half_close(self, call: Call) -> None:
+        call.finish()
+
+    def on_cancel(self) -> None:
+        Echo.cancelled += 1
+
+
+class Collect:
+    """Client streaming: answers with the total byte count when the client is done."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def on_message(self, call: Call, payload: bytes) -> None:
+        self.total += len(payload)
+
+    def on_half_close(self, call: Call) -> None:
+        call.send(str(self.total).encode())
+        call.finish()
+
+    def on_cancel(self) -> None:
+        pass
+
+
+class Running:
+    def __init__(self, max_message: int = 64 * 1024 * 1024) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.server = GrpcServer(max_message_bytes=max_message)
+        self.server.add_method(SERVICE, "Echo", Echo)
+        self.server.add_method(SERVICE, "Collect", Collect)
+        add_health(self.server, ["test.Echo"])
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def close(self) -> None:
+        self.call(self.server.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture()
+def running() -> Iterator[Running]:
+    server = Running()
+    yield server
+    server.close()
+
+
+def identity(x: bytes) -> bytes:
+    return x
+
+
+def bidi(channel: grpc.Channel, name: str = "Echo"):
+    return channel.stream_stream(f"/{SERVICE}/{name}", request_serializer=identity,
+                                 response_deserializer=identity)
+
+
+def test_health_check_serving_and_unknown(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "test.Echo"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_watch_streams_the_status(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        stream = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        stream.cancel()
+
+
+def test_bidi_stream_echoes_in_order_and_finishes_on_half_close(running: Running) -> None:
+    messages = [f"message {n}".encode() for n in range(50)]
+    with grpc.insecure_channel(running.address) as channel:
+        assert list(bidi(channel)(iter(messages), timeout=5)) == messages
+
+
+def test_handler_may_finish_before_the_client_is_done(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        replies = list(bidi(channel)(iter([b"a", b"stop"]), timeout=5))
+    assert replies == [b"a", b"stop"]
+
+
+def test_messages_larger_than_every_window_flow_both_ways(running: Running) -> None:
+    """20 MiB each way: beyond our 16 MiB stream window and grpcio's own windows, so both
+    sides' flow control (and our queued sending) must work."""
+    big = bytes(range(256)) * (20 * 1024 * 4)
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+               ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(running.address, options=options) as channel:
+        replies = list(bidi(channel)(iter([big, b"small", big]), timeout=30))
+    assert [len(r) for r in replies] == [len(big), 5, len(big)]
+    assert replies[0] == big and replies[2] == big
+
+
+def test_client_streaming_gets_one_answer_at_the_end(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        collect = channel.stream_unary(f"/{SERVICE}/Collect", request_serializer=identity,
+                                       response_deserializer=identity)
+        assert collect(iter([b"x" * 1000] * 300), timeout=5) == b"300000"
+
+
+def test_many_concurrent_calls(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        echo = bidi(channel)
+        futures = []
+        results: list[list[bytes]] = []
+
+        def one(n: int) -> None:
+            results.append(list(echo(iter([str(n).encode()] * 3), timeout=10)))
+
+        futures = [threading.Thread(target=one, args=(n,)) for n in range(64)]
+        for thread in futures:
+            thread.start()
+        for thread in futures:
+            thread.join()
+    assert sorted(r[0] for r in results) == sorted(str(n).encode() for n in range(64))
+    assert all(len(set(r)) == 1 and len(r) == 3 for r in results)
+
+
+def test_unknown_method_is_unimplemented(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel, \
+            pytest.raises(grpc.RpcError) as error:
+        list(bidi(channel, "Nope")(iter([b"x"]), timeout=5))
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_handler_exception_ends_only_that_call_with_internal(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        with pytest.raises(grpc.RpcError) as error:
+            list(bidi(channel)(iter([b"boom"]), timeout=5))
+        assert error.value.code() == grpc.StatusCode.INTERNAL
+        assert list(bidi(channel)(iter([b"still here"]), timeout=5)) == [b"still here"]
+
+
+def test_message_over_the_limit_is_resource_exhausted() -> None:
+    server = Running(max_message=1024)
+    try:
+        with grpc.insecure_channel(server.address) as channel, \
+                pytest.raises(grpc.RpcError) as error:
+            list(bidi(channel)(iter([b"x" * 2048]), timeout=5))
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        server.close()
+
+
+def test_client_cancel_reaches_the_handler(running: Running) -> None:
+    before = Echo.cancelled
+    release = threading.Event()
+
+    def requests():
+        yield b"first"
+        release.wait(10)  # keep the call open (no half-close) until cancelled
+
+    with grpc.insecure_channel(running.address) as channel:
+        call = bidi(channel)(requests(), timeout=10)
+        assert next(call) == b"first"
+        call.cancel()
+        deadline = time.monotonic() + 5
+        while Echo.cancelled == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+    assert Echo.cancelled == before + 1
+    assert all(c.open_calls == 0 for c in running.server.connections)
+
+
+def test_stop_refuses_new_connections(running: Running) -> None:
+    running.call(running.server.stop(0.1))
+    with socket.socket() as sock, pytest.raises(OSError):
+        sock.settimeout(1)
+        sock.connect(("127.0.0.1", running.server.port))
+        sock.sendall(f.PREFACE)
+        if not sock.recv(1):
+            raise OSError("closed")
+
+
+# --- raw frames ----------------------------------------------------------------------------
+
+def raw_connection(running: Running) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", running.server.port), timeout=5)
+    sock.sendall(f.PREFACE + f.settings({}))
+    return sock
+
+
+def read_frames(sock: socket.socket, until_type: int,
+                until_flags: int = 0) -> list[tuple[int, int, int, bytes]]:
+    frames, buffer = [], b""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        while len(buffer) >= 9:
+            high, low, kind, flags, stream = f.FRAME_HEADER.unpack_from(buffer)
+            length = (high << 8) | low
+            if len(buffer) < 9 + length:
+                break
+            frames.append((kind, flags, stream, buffer[9:9 + length]))
+            buffer = buffer[9 + length:]
+            if kind == until_type and flags & until_flags == until_flags:
+                return frames
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buffer += chunk
+    return frames
+
+
+def request_block(path: str) -> bytes:
+    return hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path),
+                                   (":authority", "x"), ("content-type", "application/grpc"),
+                                   ("te", "trailers")])
+
+
+def test_ping_is_acknowledged(running: Running) -> None:
+    with raw_connection(running) as sock:
+        sock.sendall(f.frame(f.PING, 0, 0, b"12345678"))
+        frames = read_frames(sock, f.PING)
+    assert frames[-1] == (f.PING, f.ACK, 0, b"12345678")
+
+
+def test_headers_split_over_continuation_and_padded_data(running: Running) -> None:
+    block = request_block(f"/{SERVICE}/Echo")
+    message = b"\x00" + struct.pack(">I", 5) + b"hello"
+    padded = bytes([3]) + message + b"\x00\x00\x00"
+    with raw_connection(running) as sock:
+        sock.sendall(f.frame(f.HEADERS, 0, 1, block[:4])
+                     + f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[4:])
+                     + f.frame(f.DATA, f.PADDED | f.END_STREAM, 1, padded))
+        frames = read_frames(sock, f.HEADERS, f.END_STREAM)
+    data = [payload for kind, _, stream, payload in frames if kind == f.DATA and stream == 1]
+    assert data == [message]
+    trailers = [p for kind, flags, _, p in frames if kind == f.HEADERS and flags & f.END_STREAM]
+    assert hpack.Decoder().decode(trailers[0]) == [("grpc-status", "0")]
+
+
+def test_a_bad_preface_closes_the_connection(running: Running) -> None:
+    with socket.create_connection(("127.0.0.1", running.server.port), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        frames = read_frames(sock, f.GOAWAY)
+    assert frames and frames[-1][0] == f.GOAWAY
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=300))
+def test_garbage_after_the_preface_never_breaks_the_server(garbage: bytes) -> None:
+    """Whatever arrives, the server answers or closes that connection, and keeps serving."""
+    server = _SHARED.get()
+    with socket.create_connection(("127.0.0.1", server.server.port), timeout=5) as sock:
+        sock.sendall(f.PREFACE + garbage)
+        sock.settimeout(0.2)
+        try:
+            while sock.recv(65536):
+                pass
+        except (TimeoutError, ConnectionResetError):
+            pass
+    with grpc.insecure_channel(server.address) as channel:
+        assert list(bidi(channel)(iter([b"ok"]), timeout=5)) == [b"ok"]
+
+
+class _Shared:
+    """One server for the property test's many examples."""
+
+    def __init__(self) -> None:
+        self._server: Running | None = None
+
+    def get(self) -> Running:
+        if self._server is None:
+            self._server = Running()
+        return self._server
+
+
+_SHARED = _Shared()
