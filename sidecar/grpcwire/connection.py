@@ -19,6 +19,7 @@ import struct
 from typing import TYPE_CHECKING, cast
 
 import hpack
+from hpack.table import HeaderTable
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import INTERNAL, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Call
@@ -51,7 +52,7 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._preface_seen = False
-        self._decoder = hpack.Decoder()
+        self._headers = HeaderDecoder()
         self._calls: dict[int, Call] = {}
         self._blocked: dict[int, Call] = {}  # calls with output waiting for window
         self._out = bytearray()
@@ -280,10 +281,7 @@ class Connection(asyncio.Protocol):
             self._header_block(first_flags, stream_id, bytes(block))
 
     def _header_block(self, flags: int, stream_id: int, block: bytes) -> None:
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as error:
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
+        headers = self._headers.decode(block)
         call = self._calls.get(stream_id)
         if call is not None:  # client trailers: gRPC clients send none, but allow them
             if flags & f.END_STREAM and not call.finished:
@@ -405,6 +403,57 @@ class Connection(asyncio.Protocol):
         self._flush()
         if self._transport is not None:
             self._transport.close()
+
+
+class HeaderDecoder:
+    """HPACK decoding with a memo of repeated blocks.
+
+    Envoy's gRPC client sends the same request header block for every call of a method
+    (its `:path` as a literal that is never added to the table, so decoding it means
+    Huffman-decoding it again each time, in Python). A block whose decoding left the dynamic
+    table untouched decodes the same way for as long as the table stays the same, so it is
+    remembered until some block changes the table."""
+
+    _MEMO_MAX = 64
+
+    def __init__(self) -> None:
+        self._decoder = hpack.Decoder()
+        self._table = _CountingTable()
+        self._decoder.header_table = self._table
+        self._memo: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        headers = self._memo.get(block)
+        if headers is not None:
+            return headers
+        before = self._table.changes
+        try:
+            headers = [(bytes(name), bytes(value))
+                       for name, value in self._decoder.decode(block, raw=True)]
+        except hpack.HPACKError as error:
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
+        if self._table.changes != before:
+            self._memo.clear()
+        elif len(self._memo) < self._MEMO_MAX:
+            self._memo[block] = headers
+        return headers
+
+
+class _CountingTable(HeaderTable):
+    """hpack's dynamic table, counting every change (insertions and evictions, which are
+    all the table's own methods make)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changes = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        self.changes += 1
+        super().add(name, value)
+
+    def _shrink(self) -> None:
+        self.changes += 1
+        super()._shrink()
 
 
 def _unpad(payload: bytes) -> bytes:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sidecar.grpcwire import Call, GrpcServer
 from sidecar.grpcwire import frames as f
+from sidecar.grpcwire.connection import ConnectionError_, HeaderDecoder
 from sidecar.grpcwire.health import add_health
 
 SERVICE = "test.Echo"
@@ -317,3 +318,24 @@ class _Shared:
 
 
 _SHARED = _Shared()
+
+
+def test_header_memo_follows_the_dynamic_table() -> None:
+    """A remembered block must decode as a fresh decoder would, also after another block
+    changed the dynamic table: 0xbe (index 62, the newest entry) then means something else."""
+
+    def indexed_literal(name: bytes, value: bytes) -> bytes:  # RFC 7541 §6.2.1, no Huffman
+        return b"\x40" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    newest = b"\xbe"
+    sequence = [indexed_literal(b"x-a", b"1"), newest, newest,
+                indexed_literal(b"x-b", b"2"), newest, newest]
+    ours, reference = HeaderDecoder(), hpack.Decoder()
+    for block in sequence:
+        expected = [(bytes(n), bytes(v)) for n, v in reference.decode(block, raw=True)]
+        assert ours.decode(block) == expected
+    assert ours.decode(newest) == [(b"x-b", b"2")]
+    # a table size update to 32 evicts everything: index 62 no longer exists
+    ours.decode(b"\x3f\x01")
+    with pytest.raises(ConnectionError_):
+        ours.decode(newest)
