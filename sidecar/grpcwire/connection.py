@@ -8,7 +8,7 @@ write. Measured in bench/side_by_side.py; see docs/performance.md.
 
 Scope: plaintext HTTP/2 (h2c with prior knowledge) as gRPC clients and Envoy speak it, flow
 control in both directions, PING, SETTINGS, RST_STREAM, GOAWAY, CONTINUATION, padding.
-Header blocks are decoded with `hpack` (its dynamic table must follow every block, in order).
+Header blocks are decoded in headers.py.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import logging
 import struct
 from typing import TYPE_CHECKING, cast
 
-import hpack
-from hpack.table import HeaderTable
-
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import INTERNAL, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Call
+from sidecar.grpcwire.frames import ProtocolError
+from sidecar.grpcwire.headers import HeaderDecoder
 
 if TYPE_CHECKING:
     from sidecar.grpcwire.server import GrpcServer
@@ -36,14 +35,6 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_IN = 256 * 1024
 _MESSAGE_PREFIX = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
-
-
-class ConnectionError_(Exception):
-    """A connection-level protocol error (RFC 9113 §5.4.1): GOAWAY, then close."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
 
 
 class Connection(asyncio.Protocol):
@@ -86,7 +77,7 @@ class Connection(asyncio.Protocol):
         self._reading = True
         try:
             self._receive(data)
-        except ConnectionError_ as error:
+        except ProtocolError as error:
             log.warning("closing gRPC connection: %s", error)
             self._out += f.goaway(self._last_stream_id, error.code)
             self._close()
@@ -158,7 +149,7 @@ class Connection(asyncio.Protocol):
             if len(buffer) < len(f.PREFACE):
                 return
             if buffer[:len(f.PREFACE)] != f.PREFACE:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                raise ProtocolError(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self._preface_seen = True
             position = len(f.PREFACE)
         size = len(buffer)
@@ -166,7 +157,7 @@ class Connection(asyncio.Protocol):
             high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(buffer, position)
             length = (high << 8) | low
             if length > MAX_FRAME_IN:
-                raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
             end = position + 9 + length
             if end > size:
                 break
@@ -179,7 +170,7 @@ class Connection(asyncio.Protocol):
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and kind != f.CONTINUATION:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "header block interrupted")
+            raise ProtocolError(f.PROTOCOL_ERROR, "header block interrupted")
         if kind == f.DATA:
             self._on_data(flags, stream_id, payload)
         elif kind == f.HEADERS:
@@ -200,7 +191,7 @@ class Connection(asyncio.Protocol):
                 self._blocked.pop(stream_id, None)
                 self._cancel(call)
         elif kind == f.PUSH_PROMISE:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "clients cannot push")
+            raise ProtocolError(f.PROTOCOL_ERROR, "clients cannot push")
         # PRIORITY, GOAWAY (the peer stops opening calls) and unknown types: nothing to do.
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -264,7 +255,7 @@ class Connection(asyncio.Protocol):
         if flags & f.PRIORITY_FLAG:
             start += 5
         if start > end:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "bad HEADERS padding")
+            raise ProtocolError(f.PROTOCOL_ERROR, "bad HEADERS padding")
         block = payload[start:end]
         if flags & f.END_HEADERS:
             self._header_block(flags, stream_id, block)
@@ -273,7 +264,7 @@ class Connection(asyncio.Protocol):
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is None or self._continuation[0] != stream_id:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
+            raise ProtocolError(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
         self._continuation[2].extend(payload)
         if flags & f.END_HEADERS:
             _, first_flags, block = self._continuation
@@ -289,7 +280,7 @@ class Connection(asyncio.Protocol):
                 self._dispatch(call, None)
             return
         if stream_id % 2 == 0:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "even stream id from a client")
+            raise ProtocolError(f.PROTOCOL_ERROR, "even stream id from a client")
         if stream_id <= self._last_stream_id:
             return  # trailers of a call we already finished
         self._last_stream_id = stream_id
@@ -310,12 +301,12 @@ class Connection(asyncio.Protocol):
 
     def _on_settings(self, payload: bytes) -> None:
         if len(payload) % 6:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS length")
+            raise ProtocolError(f.FRAME_SIZE_ERROR, "SETTINGS length")
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
+                    raise ProtocolError(f.FLOW_CONTROL_ERROR, "initial window too large")
                 delta = value - self._peer_initial_window
                 self._peer_initial_window = value
                 for call in self._calls.values():
@@ -327,7 +318,7 @@ class Connection(asyncio.Protocol):
 
     def _on_window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
+            raise ProtocolError(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
         if stream_id == 0:
             self._send_window += increment
@@ -405,59 +396,8 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
 
-class HeaderDecoder:
-    """HPACK decoding with a memo of repeated blocks.
-
-    Envoy's gRPC client sends the same request header block for every call of a method
-    (its `:path` as a literal that is never added to the table, so decoding it means
-    Huffman-decoding it again each time, in Python). A block whose decoding left the dynamic
-    table untouched decodes the same way for as long as the table stays the same, so it is
-    remembered until some block changes the table."""
-
-    _MEMO_MAX = 64
-
-    def __init__(self) -> None:
-        self._decoder = hpack.Decoder()
-        self._table = _CountingTable()
-        self._decoder.header_table = self._table
-        self._memo: dict[bytes, list[tuple[bytes, bytes]]] = {}
-
-    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        headers = self._memo.get(block)
-        if headers is not None:
-            return headers
-        before = self._table.changes
-        try:
-            headers = [(bytes(name), bytes(value))
-                       for name, value in self._decoder.decode(block, raw=True)]
-        except hpack.HPACKError as error:
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
-        if self._table.changes != before:
-            self._memo.clear()
-        elif len(self._memo) < self._MEMO_MAX:
-            self._memo[block] = headers
-        return headers
-
-
-class _CountingTable(HeaderTable):
-    """hpack's dynamic table, counting every change (insertions and evictions, which are
-    all the table's own methods make)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.changes = 0
-
-    def add(self, name: bytes, value: bytes) -> None:
-        self.changes += 1
-        super().add(name, value)
-
-    def _shrink(self) -> None:
-        self.changes += 1
-        super()._shrink()
-
-
 def _unpad(payload: bytes) -> bytes:
     pad = payload[0]
     if pad >= len(payload):
-        raise ConnectionError_(f.PROTOCOL_ERROR, "bad DATA padding")
+        raise ProtocolError(f.PROTOCOL_ERROR, "bad DATA padding")
     return payload[1:len(payload) - pad]

@@ -37,6 +37,14 @@ DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = 2**31 - 1
 
 
+class ProtocolError(Exception):
+    """A connection-level protocol error (RFC 9113 §5.4.1): GOAWAY with `code`, then close."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     size = len(payload)
     return FRAME_HEADER.pack(size >> 8, size & 0xFF, kind, flags, stream_id) + payload

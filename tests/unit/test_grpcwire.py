@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from sidecar.grpcwire import Call, GrpcServer
 from sidecar.grpcwire import frames as f
-from sidecar.grpcwire.connection import ConnectionError_, HeaderDecoder
+from sidecar.grpcwire.frames import ProtocolError
+from sidecar.grpcwire.headers import HeaderDecoder
 from sidecar.grpcwire.health import add_health
 
 SERVICE = "test.Echo"
@@ -337,5 +338,5 @@ def test_header_memo_follows_the_dynamic_table() -> None:
     assert ours.decode(newest) == [(b"x-b", b"2")]
     # a table size update to 32 evicts everything: index 62 no longer exists
     ours.decode(b"\x3f\x01")
-    with pytest.raises(ConnectionError_):
+    with pytest.raises(ProtocolError):
         ours.decode(newest)
