@@ -32,6 +32,7 @@ from sidecar.devstack.providers import FakeProvider
 from sidecar.devstack.stack import start_envoy
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
+from sidecar.process import keep_large_buffers_in_heap
 
 TOKEN = "bench-token"
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
@@ -60,7 +61,9 @@ def chat_body(size: int) -> bytes:
 # --- 1. in-process -----------------------------------------------------------------------
 
 def in_process_cost(body: bytes, rounds: int) -> float:
-    """Microseconds of sidecar CPU per request (both ext_proc messages)."""
+    """Microseconds of sidecar CPU per request (both ext_proc messages), with the allocator
+    set up as `sidecar serve` sets it."""
+    keep_large_buffers_in_heap()
     config = load_config_text(config_text("http://127.0.0.1:9/v1"))
     processor = ExternalProcessor(Gateway(Runtime(config, {"BENCH_KEY": "k"})))
     headers = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=HeaderMap(headers=[

@@ -8,18 +8,15 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 from sidecar import __version__
 from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.gateway import StartupError
+from sidecar.process import run_event_loop
 from sidecar.signals import until_stop_signal
-
-T = TypeVar("T")
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
@@ -122,17 +119,6 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"sidecar gRPC address (default: {DEFAULT_EXT_PROC})")
     parser.add_argument("--admin", default=DEFAULT_ADMIN, type=host_port,
                         help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
-
-
-def run_event_loop(coroutine: Coroutine[Any, Any, T]) -> T:
-    """The long-running commands run on uvloop where it is installed (Linux and macOS): it
-    cut the sidecar's CPU per routed request by about 8 % (docs/performance.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coroutine)
 
 
 def main(argv: list[str] | None = None) -> int:

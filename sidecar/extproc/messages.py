@@ -88,27 +88,28 @@ def attempt_order(clusters: tuple[str, ...]) -> Struct:
     return order
 
 
-def _rewrite(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
-             body: bytes, clear_route_cache: bool = False) -> ext.BodyResponse:
-    """Answer to a buffered request body: header changes and the new body."""
-    return ext.BodyResponse(
-        response=ext.CommonResponse(
-            header_mutation=ext.HeaderMutation(
-                set_headers=_set(set_headers), remove_headers=list(remove_headers)),
-            body_mutation=ext.BodyMutation(body=body),
-            clear_route_cache=clear_route_cache,
-        )
-    )
+def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
+                   body: bytes, clear_route_cache: bool = False) -> ext.ProcessingResponse:
+    """Answer to a buffered request body: header changes and the new body.
+
+    Built by assigning into nested fields: passing a sub-message to a constructor copies it
+    (with upb, through a serialize/parse round), which for a 1 MiB body cost milliseconds."""
+    response = ext.ProcessingResponse()
+    common = response.request_body.response
+    common.header_mutation.set_headers.extend(_set(set_headers))
+    common.header_mutation.remove_headers.extend(remove_headers)
+    common.body_mutation.body = body
+    common.clear_route_cache = clear_route_cache
+    return response
 
 
 def forward(outcome: Forward) -> ext.ProcessingResponse:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
-    return ext.ProcessingResponse(
-        request_body=_rewrite(outcome.set_headers, outcome.remove_headers, outcome.body,
-                              clear_route_cache=True),
-        dynamic_metadata=attempt_order(outcome.attempts),
-    )
+    response = _body_response(outcome.set_headers, outcome.remove_headers, outcome.body,
+                              clear_route_cache=True)
+    response.dynamic_metadata.CopyFrom(attempt_order(outcome.attempts))
+    return response
 
 
 def continue_attempt() -> ext.ProcessingResponse:
@@ -118,5 +119,4 @@ def continue_attempt() -> ext.ProcessingResponse:
 def retarget(outcome: Retarget) -> ext.ProcessingResponse:
     """Header mutations made here stay on the request for later attempts, so every
     per-target header is set or removed on every retry (ARCHITECTURE.md)."""
-    return ext.ProcessingResponse(
-        request_body=_rewrite(outcome.set_headers, outcome.remove_headers, outcome.body))
+    return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body)
