@@ -35,6 +35,8 @@ _SYSTEM_ROLES = ("system", "developer")
 # Strings longer than this enter the key as their own SHA-256 (a data-URL image is hashed
 # once, not copied into a canonical document).
 _LONG = 1024
+# The canonical JSON encoder, built once (`json.dumps` with these options builds one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _compact(value: Any) -> Any:
@@ -130,8 +132,7 @@ def conversation_key(caller: str, group: str, dialect: Dialect,
     try:
         document = {"v": 1, "caller": caller, "group": group, "dialect": dialect.value,
                     "system": _compact(system), "first": _compact(first)}
-        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"),
-                               ensure_ascii=False)
+        canonical = _CANONICAL.encode(document)
     except (TypeError, ValueError, RecursionError):  # odd or absurdly deep: no affinity
         return None
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).digest()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.config.models import Target
 from sidecar.routing.trace import DecisionTrace
@@ -14,11 +14,11 @@ class TargetChoice:
 
     index: int
     target: Target
+    # Safe scalar name for traces, logs and observation keys: ``provider/model_ref``.
+    label: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def label(self) -> str:
-        """Safe scalar name for traces, logs and observation keys: ``provider/model_ref``."""
-        return f"{self.target.provider}/{self.target.model_ref}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", f"{self.target.provider}/{self.target.model_ref}")
 
 
 @dataclass(frozen=True, slots=True)

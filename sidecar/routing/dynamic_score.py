@@ -2,17 +2,21 @@
 score_terms → cold start and the capped blend → deterministic selection.
 
 See docs/dynamic-score.md for every key and formula; each step below is named after the
-configuration key it implements and leaves its mark in the trace.
+configuration key it implements and leaves its mark in the trace. What depends on the
+configuration alone is resolved once per group, at load (`DynamicScore`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from sidecar.config.policy import DynamicScorePolicy, ScoreTerm
+from sidecar.config.models import ModelGroup
+from sidecar.config.policy import Complexity, DynamicScorePolicy, ScoreTerm
 from sidecar.routing.affinity import AffinityOutcome, AffinityStore
 from sidecar.routing.blend import blended_shares, weight_shares
+from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.expression import Evaluator, compile_expression
 from sidecar.routing.gates import output_budget
@@ -22,7 +26,7 @@ from sidecar.routing.scores import Candidate, estimated_cost_usd, score_candidat
 from sidecar.routing.signals import (
     ComplexityResult,
     complexity,
-    detect_prompt_features,
+    prompt_feature_detector,
     request_shape_buckets,
 )
 from sidecar.routing.thresholds import least_bad, threshold_violation
@@ -31,6 +35,9 @@ from sidecar.routing.weighted import WeightedRotation
 
 _SIGNAL_NAMES = ("request_shape", "prompt_features", "complexity", "observed_performance",
                  "cost", "evaluation_metadata")
+# Every complexity bucket a request can get; None when the complexity signal is off.
+_BUCKETS: tuple[Complexity | None, ...] = (None, *Complexity)
+_MAX_BLENDS = 256
 
 
 @dataclass(frozen=True)
@@ -38,88 +45,176 @@ class CompiledTerm:
     term: ScoreTerm
     evaluate: Evaluator
 
-    def applies(self, bucket: ComplexityResult | None) -> bool:
+    def applies(self, bucket: Complexity | None) -> bool:
         when = self.term.when
         if when.complexity_lte is None and when.complexity_gte is None:
             return True
         if bucket is None:  # complexity signal off: conditional terms cannot match
             return False
-        rank = bucket.bucket.rank
+        rank = bucket.rank
         if when.complexity_lte is not None and rank > when.complexity_lte.rank:
             return False
         return not (when.complexity_gte is not None and rank < when.complexity_gte.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class ApplicableTerms:
+    """The score terms that apply to requests of one complexity bucket."""
+
+    terms: tuple[CompiledTerm, ...]
+    names: tuple[str, ...]
+    required_tags: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Blend:
+    """What the scoring steps made of one set of inputs (shared: never mutated)."""
+
+    candidates: list[Candidate]
+    shares: list[float]              # configured weight shares
+    scores: list[dict[str, float]]
+    values: list[float | None]       # score-term values (warm targets)
+    final: list[float]               # shares after cold start and the capped blend
+    blended: bool
+    cold_start: str
+    by_share: tuple[TargetChoice, ...]  # by final share, then declared order
 
 
 def compile_terms(policy: DynamicScorePolicy) -> tuple[CompiledTerm, ...]:
     return tuple(CompiledTerm(t, compile_expression(t.expression)) for t in policy.score_terms)
 
 
-def dynamic_order(
-    request: RequestSummary,
-    eligible: list[TargetChoice],
-    policy: DynamicScorePolicy,
-    terms: Sequence[CompiledTerm],
-    observations: ObservationView,
-    rotation_for: Callable[[tuple[int, ...]], WeightedRotation],
-    trace: DecisionTrace,
-    affinity: AffinityStore | None = None,
-) -> list[TargetChoice]:
-    window = policy.observation_window_seconds
-    observed = {c.index: observations.get(c.label, window) for c in eligible}
-    warm = {c.index: observed[c.index].count >= policy.min_observations for c in eligible}
+def applicable_terms(terms: Sequence[CompiledTerm], bucket: Complexity | None) -> ApplicableTerms:
+    matching = tuple(t for t in terms if t.applies(bucket))
+    return ApplicableTerms(matching, tuple(t.term.name for t in matching),
+                           frozenset(tag for t in matching for tag in t.term.require_tags))
 
-    signals = policy.signals
-    trace.signals = tuple(n for n in _SIGNAL_NAMES if getattr(signals, n).enabled)
-    if signals.request_shape.enabled:
-        trace.request_shape = request_shape_buckets(request)
-    features = detect_prompt_features(request, signals)
-    trace.prompt_features = tuple(sorted(features))
-    bucket = complexity(request, features, signals)
-    trace.complexity = bucket.bucket.value if bucket else None
 
-    matching = [t for t in terms if t.applies(bucket)]
-    trace.score_terms = tuple(t.term.name for t in matching)
-    # Quality floors (require_tags) before health: if thresholds must relax, they relax
-    # among the targets the floor allows, never across it.
-    eligible = _apply_require_tags(eligible, matching, trace)
-    eligible = _apply_thresholds(eligible, policy, observed, warm, trace)
-    trace.candidate_count = len(eligible)
+class DynamicScore:
+    """One group's dynamic_score steps, with what depends on configuration alone resolved
+    at load: the enabled signals, the prompt-feature scan, the score terms that apply to
+    each complexity bucket, and each target's tags and evaluation quality."""
 
-    candidates = [
-        Candidate(c.target, observed[c.index], warm[c.index],
-                  estimated_cost_usd(c.target, request.estimated_input_tokens,
-                                     output_budget(request)))
-        for c in eligible
-    ]
-    scores = score_candidates(candidates, signals, bucket.score if bucket else None)
-    hot = [warm[c.index] for c in eligible]
-    # Only warm targets move by score; a cold target's term value is not computed.
-    values = [sum(t.evaluate(s) for t in matching) if matching and h else None
-              for s, h in zip(scores, hot, strict=True)]
-    shares = weight_shares([c.target.weight for c in eligible])
-    trace.cold_start = ("all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed")
-    final, blended = blended_shares(shares, hot, values,
-                                    policy.max_score_adjustment_percent / 100)
-    trace.candidates = [
-        CandidateTrace(c.label, round(share, 6), warm[c.index], observed[c.index].count,
+    def __init__(self, group: ModelGroup) -> None:
+        self.policy = policy = group.dynamic_score
+        signals = policy.signals
+        self._signal_names = tuple(n for n in _SIGNAL_NAMES if getattr(signals, n).enabled)
+        self._features_of = prompt_feature_detector(signals)
+        terms = compile_terms(policy)
+        self._terms = {bucket: applicable_terms(terms, bucket) for bucket in _BUCKETS}
+        self._tags = tuple(frozenset(t.tags) for t in group.targets)
+        self._qualities = tuple(eval_quality(t) for t in group.targets)
+        self._adjustment = policy.max_score_adjustment_percent / 100
+        self._blends: dict[tuple[object, ...], Blend] = {}
+
+    def order(
+        self,
+        request: RequestSummary,
+        eligible: list[TargetChoice],
+        observations: ObservationView,
+        rotation_for: Callable[[tuple[int, ...]], WeightedRotation],
+        trace: DecisionTrace,
+        affinity: AffinityStore | None = None,
+    ) -> list[TargetChoice]:
+        policy = self.policy
+        window = policy.observation_window_seconds
+        observed = {c.index: observations.get(c.label, window) for c in eligible}
+        warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
+
+        signals = policy.signals
+        trace.signals = self._signal_names
+        if signals.request_shape.enabled:
+            trace.request_shape = request_shape_buckets(request)
+        features = self._features_of(request)
+        trace.prompt_features = tuple(sorted(features))
+        bucket = complexity(request, features, signals)
+        trace.complexity = bucket.bucket.value if bucket else None
+
+        applicable = self._terms[bucket.bucket if bucket else None]
+        matching = applicable.terms
+        trace.score_terms = applicable.names
+        # Quality floors (require_tags) before health: if thresholds must relax, they relax
+        # among the targets the floor allows, never across it.
+        eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
+        eligible = _apply_thresholds(eligible, policy, observed, warm, trace)
+        trace.candidate_count = len(eligible)
+
+        indices = tuple(c.index for c in eligible)
+        tokens, budget = request.estimated_input_tokens, output_budget(request)
+        figures = tuple(observed[index] for index in indices)
+        costs = tuple(estimated_cost_usd(c.target, tokens, budget) for c in eligible)
+        blend = self._blend(eligible, indices, figures, costs, bucket, matching)
+        trace.cold_start = blend.cold_start
+        trace.defer_candidates(partial(_candidate_rows, eligible, blend))
+        trace.order = "blended_shares" if blend.blended else "weight_shares"
+
+        picked = _pinned_or(lambda: rotation_for(indices).pick(indices, blend.final),
+                            request, policy, affinity, indices, trace)
+        primary = eligible[indices.index(picked)]
+        return [primary, *(c for c in blend.by_share if c.index != picked)]
+
+    def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
+               figures: tuple[TargetObservations, ...], costs: tuple[float | None, ...],
+               bucket: ComplexityResult | None, matching: tuple[CompiledTerm, ...]) -> Blend:
+        """Scores → score_terms → cold start and the capped blend, for these inputs. Requests
+        with the same inputs get the same result: it is kept (a few hundred at most) under
+        the candidates, their observation figures (the view hands out the same object until
+        it refreshes; the entry holds it, so its id stays unique), costs and complexity."""
+        key = (indices, tuple(map(id, figures)), costs, bucket.points if bucket else None)
+        blend = self._blends.get(key)
+        if blend is not None:
+            return blend
+        min_observations = self.policy.min_observations
+        candidates = [Candidate(c.target, figure, figure.count >= min_observations, cost)
+                      for c, figure, cost in zip(eligible, figures, costs, strict=True)]
+        scores = score_candidates(candidates, self.policy.signals,
+                                  bucket.score if bucket else None,
+                                  [self._qualities[index] for index in indices])
+        hot = [c.warm for c in candidates]
+        # Only warm targets move by score; a cold target's term value is not computed.
+        values = [sum(t.evaluate(s) for t in matching) if matching and h else None
+                  for s, h in zip(scores, hot, strict=True)]
+        shares = weight_shares([c.target.weight for c in eligible])
+        final, blended = blended_shares(shares, hot, values, self._adjustment)
+        by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
+        blend = Blend(candidates, shares, scores, values, final, blended,
+                      "all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed",
+                      tuple(c for _, c in by_share))
+        if len(self._blends) >= _MAX_BLENDS:
+            self._blends.clear()
+        self._blends[key] = blend
+        return blend
+
+    def _apply_require_tags(self, eligible: list[TargetChoice], required: frozenset[str],
+                            trace: DecisionTrace) -> list[TargetChoice]:
+        """While a term applies, only targets with all its `require_tags` are candidates. If
+        that would leave none, the restriction is dropped and the trace says so."""
+        if not required:
+            return eligible
+        kept = [c for c in eligible if required <= self._tags[c.index]]
+        if not kept:
+            trace.require_tags_relaxed = True
+            return eligible
+        for choice in eligible:
+            if not required <= self._tags[choice.index]:
+                trace.exclude(choice.label, "score_terms.require_tags")
+        return kept
+
+
+def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend) -> list[CandidateTrace]:
+    return [
+        CandidateTrace(c.label, round(share, 6), candidate.warm, candidate.observations.count,
                        {k: round(v, 6) for k, v in s.items()},
                        None if value is None else round(value, 6), round(f, 6))
-        for c, share, s, value, f in zip(eligible, shares, scores, values, final, strict=True)
+        for c, candidate, share, s, value, f in zip(
+            eligible, blend.candidates, blend.shares, blend.scores, blend.values, blend.final,
+            strict=True)
     ]
-    trace.order = "blended_shares" if blended else "weight_shares"
-
-    def rotate() -> int:
-        return rotation_for(tuple(c.index for c in eligible)).pick(
-            [c.index for c in eligible], final)
-
-    picked = _pinned_or(rotate, request, policy, affinity, {c.index for c in eligible}, trace)
-    by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
-    primary = next(c for c in eligible if c.index == picked)
-    return [primary, *(c for _, c in by_share if c.index != picked)]
 
 
 def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,
-               affinity: AffinityStore | None, eligible: set[int], trace: DecisionTrace) -> int:
+               affinity: AffinityStore | None, eligible: Sequence[int],
+               trace: DecisionTrace) -> int:
     """Conversation affinity: a live pin on a still-eligible target wins (the rotation does
     not advance); otherwise the rotation picks and the pin is created or replaced."""
     if not policy.affinity.enabled:
@@ -161,21 +256,4 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
         trace.thresholds_relaxed = True
     for choice, violation in removed:
         trace.exclude(choice.label, violation)
-    return kept
-
-
-def _apply_require_tags(eligible: list[TargetChoice], matching: Sequence[CompiledTerm],
-                        trace: DecisionTrace) -> list[TargetChoice]:
-    """While a term applies, only targets with all its `require_tags` are candidates. If
-    that would leave none, the restriction is dropped and the trace says so."""
-    required = {tag for t in matching for tag in t.term.require_tags}
-    if not required:
-        return eligible
-    kept = [c for c in eligible if required <= set(c.target.tags)]
-    if not kept:
-        trace.require_tags_relaxed = True
-        return eligible
-    for choice in eligible:
-        if choice not in kept:
-            trace.exclude(choice.label, "score_terms.require_tags")
     return kept

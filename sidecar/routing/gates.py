@@ -5,12 +5,13 @@ Each exclusion is recorded in the trace under the config key or rule that made i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sidecar.apis import Dialect
 from sidecar.config.models import ModelGroup, Target
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import TargetChoice
-from sidecar.routing.eligibility import CALLER_WORDS, active_rules
+from sidecar.routing.eligibility import CALLER_WORDS, Rule, active_rules
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
 from sidecar.routing.trace import DecisionTrace
@@ -25,30 +26,57 @@ def output_budget(request: RequestSummary) -> int:
     return request.max_tokens_cap or DEFAULT_OUTPUT_BUDGET_TOKENS
 
 
-def passing_targets(
-    request: RequestSummary,
-    group: ModelGroup,
-    dialects_of: Callable[[Target], Sequence[Dialect]],
-    trace: DecisionTrace,
-) -> list[TargetChoice]:
+@dataclass(frozen=True, slots=True)
+class GateTarget:
+    """One target as the gates see it."""
+
+    choice: TargetChoice
+    dialects: tuple[Dialect, ...]
+    contract_violation: str | None  # depends on the target alone
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGates:
+    """A group's gates, resolved once at configuration load: its targets and the named
+    eligibility rules (hard filters) its strategy applies."""
+
+    targets: tuple[GateTarget, ...]
+    rules: tuple[tuple[str, Rule], ...]
+
+
+def group_gates(group: ModelGroup,
+                dialects_of: Callable[[Target], Sequence[Dialect]]) -> GroupGates:
     hard_filters = group.dynamic_score.hard_filters if group.strategy == "dynamic_score" else None
-    rules = active_rules(hard_filters)
+    contract = group.contract
+    return GroupGates(
+        targets=tuple(
+            GateTarget(TargetChoice(index, target), tuple(dialects_of(target)),
+                       contract_violation(contract, target) if contract is not None else None)
+            for index, target in enumerate(group.targets)),
+        rules=tuple(active_rules(hard_filters)),
+    )
+
+
+def passing_targets(request: RequestSummary, gates: GroupGates,
+                    trace: DecisionTrace) -> list[TargetChoice]:
+    ceiling = request.spend_ceiling_usd
     passing: list[TargetChoice] = []
-    for index, target in enumerate(group.targets):
-        choice = TargetChoice(index, target)
-        dialects = dialects_of(target)
-        failed = next((name for name, rule in rules if not rule(request, target, dialects)), None)
-        if failed is None and group.contract is not None:
-            failed = contract_violation(group.contract, target)
-        if failed is None and request.spend_ceiling_usd is not None:
+    for gate in gates.targets:
+        target = gate.choice.target
+        failed = gate.contract_violation  # unless an eligibility rule fails first
+        for name, rule in gates.rules:
+            if not rule(request, target, gate.dialects):
+                failed = name
+                break
+        if failed is None and ceiling is not None:
             cost = estimated_cost_usd(target, request.estimated_input_tokens,
                                       output_budget(request))
-            if cost is not None and cost > request.spend_ceiling_usd:
+            if cost is not None and cost > ceiling:
                 failed = SPEND_CEILING
         if failed is None:
-            passing.append(choice)
+            passing.append(gate.choice)
         else:
-            trace.exclude(choice.label, failed)
+            trace.exclude(gate.choice.label, failed)
     return passing
 
 

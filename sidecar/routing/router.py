@@ -13,8 +13,8 @@ import time
 from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
-from sidecar.routing.dynamic_score import CompiledTerm, compile_terms, dynamic_order
-from sidecar.routing.gates import passing_targets, refusal_reason
+from sidecar.routing.dynamic_score import DynamicScore
+from sidecar.routing.gates import GroupGates, group_gates, passing_targets, refusal_reason
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.trace import CandidateTrace, DecisionTrace
@@ -34,8 +34,13 @@ class Router:
         # share a rotation, so each class of request gets exactly its mix. At most 2^targets
         # sets per group, created on first use.
         self._rotations: dict[tuple[str, tuple[int, ...]], WeightedRotation] = {}
-        self._terms: dict[str, tuple[CompiledTerm, ...]] = {
-            name: compile_terms(group.dynamic_score)
+        # What depends on the configuration alone, resolved once per group.
+        self._gates: dict[str, GroupGates] = {
+            name: group_gates(group, config.target_dialects)
+            for name, group in config.models.items()
+        }
+        self._dynamic: dict[str, DynamicScore] = {
+            name: DynamicScore(group)
             for name, group in config.models.items() if group.strategy == "dynamic_score"
         }
 
@@ -46,7 +51,7 @@ class Router:
         if request.reasoning is not None:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}
-        eligible = passing_targets(request, group, self._config.target_dialects, trace)
+        eligible = passing_targets(request, self._gates[request.group], trace)
         trace.candidate_count = len(eligible)
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
@@ -54,9 +59,9 @@ class Router:
             trace.order = "declared"
             ordered = eligible
         elif group.strategy == "dynamic_score":
-            ordered = dynamic_order(
-                request, eligible, group.dynamic_score, self._terms[request.group],
-                observations, lambda indices: self._rotation(request.group, indices), trace,
+            ordered = self._dynamic[request.group].order(
+                request, eligible, observations,
+                lambda indices: self._rotation(request.group, indices), trace,
                 self._affinity.get(request.group))
         else:
             ordered = self._weighted_order(request.group, group, eligible, trace)
@@ -81,9 +86,10 @@ class Router:
         trace.order = "weighted_rotation"
         weights = [c.target.weight for c in eligible]
         total = sum(weights) or 1
-        trace.candidates = [CandidateTrace(c.label, round(c.target.weight / total, 6),
-                                           final_share=round(c.target.weight / total, 6))
-                            for c in eligible]
+        trace.defer_candidates(lambda: [
+            CandidateTrace(c.label, round(c.target.weight / total, 6),
+                           final_share=round(c.target.weight / total, 6))
+            for c in eligible])
         indices = tuple(c.index for c in eligible)
         primary_index = self._rotation(name, indices).pick(indices, weights)
         primary = next(c for c in eligible if c.index == primary_index)

@@ -53,7 +53,10 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def score_candidates(candidates: Sequence[Candidate], signals: Signals,
-                     complexity_score: float | None) -> list[dict[str, float]]:
+                     complexity_score: float | None,
+                     qualities: Sequence[float | None] | None = None) -> list[dict[str, float]]:
+    """Every score of every candidate. `qualities` are the candidates' `eval_quality`
+    values when the caller has them already (they depend on the configuration alone)."""
     costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
     cheapest = min(costs) if costs else None
     warm = [c.observations for c in candidates if c.warm]
@@ -62,28 +65,30 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
     speeds = [o.output_tokens_per_s for o in warm if o.output_tokens_per_s is not None]
     top_speed = max(speeds) if speeds else None
     observed = signals.observed_performance.enabled
+    cost_enabled = signals.cost.enabled
+    if not signals.evaluation_metadata.enabled:
+        qualities = [None] * len(candidates)
+    elif qualities is None:
+        qualities = [eval_quality(c.target) for c in candidates]
+    complexity = NEUTRAL if complexity_score is None else complexity_score
 
     results = []
-    for candidate in candidates:
+    for candidate, quality in zip(candidates, qualities, strict=True):
         obs = candidate.observations
-        scores = dict.fromkeys(
-            ("cost_score", "latency_score", "throughput_score", "reliability_score",
-             "complexity_score", "eval_quality_score"), NEUTRAL)
-        if signals.cost.enabled and candidate.cost_usd is not None and cheapest is not None:
-            scores["cost_score"] = _ratio(cheapest, candidate.cost_usd)
+        cost = latency = throughput = reliability = NEUTRAL
+        if cost_enabled and candidate.cost_usd is not None and cheapest is not None:
+            cost = _ratio(cheapest, candidate.cost_usd)
         if observed and candidate.warm:
             if obs.p95_latency_ms is not None and fastest is not None:
-                scores["latency_score"] = _ratio(fastest, obs.p95_latency_ms)
+                latency = _ratio(fastest, obs.p95_latency_ms)
             if obs.output_tokens_per_s is not None and top_speed:
-                scores["throughput_score"] = _ratio(obs.output_tokens_per_s, top_speed)
+                throughput = _ratio(obs.output_tokens_per_s, top_speed)
             failures = (obs.error_rate + obs.timeout_rate + obs.fallback_rate
                         + CANCEL_WEIGHT * obs.cancel_rate)
-            scores["reliability_score"] = 1.0 - min(1.0, max(0.0, failures))
-        if complexity_score is not None:
-            scores["complexity_score"] = complexity_score
-        if signals.evaluation_metadata.enabled:
-            quality = eval_quality(candidate.target)
-            if quality is not None:
-                scores["eval_quality_score"] = quality
-        results.append(scores)
+            reliability = 1.0 - min(1.0, max(0.0, failures))
+        results.append({
+            "cost_score": cost, "latency_score": latency, "throughput_score": throughput,
+            "reliability_score": reliability, "complexity_score": complexity,
+            "eval_quality_score": NEUTRAL if quality is None else quality,
+        })
     return results

@@ -19,24 +19,39 @@ Complexity points (the bucket is `simple` at 0, `standard` at 1–2, `complex` a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.config.policy import Complexity, PromptFeature, Signals
-from sidecar.routing.prompt_features import detect
+from sidecar.routing.prompt_features import detector
 from sidecar.routing.request import RequestSummary
 
-_HEAVY_FEATURES = {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE,
-                   PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT}
+_HEAVY_FEATURES = frozenset({PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE,
+                             PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT})
+_NO_FEATURES: frozenset[PromptFeature] = frozenset()
+
+FeatureDetector = Callable[[RequestSummary], frozenset[PromptFeature]]
+
+
+def prompt_feature_detector(signals: Signals) -> FeatureDetector:
+    """The `prompt_features` signal of one group, resolved once at configuration load."""
+    config = signals.prompt_features
+    if not config.enabled:
+        return lambda request: _NO_FEATURES
+    scan = detector(config.features)
+    tool_agent = PromptFeature.TOOL_AGENT in config.features
+
+    def features_of(request: RequestSummary) -> frozenset[PromptFeature]:
+        found = scan(request.prompt_sample)
+        if tool_agent and request.has_tools:
+            found.add(PromptFeature.TOOL_AGENT)
+        return frozenset(found)
+
+    return features_of
 
 
 def detect_prompt_features(request: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
-    config = signals.prompt_features
-    if not config.enabled:
-        return frozenset()
-    found = detect(request.prompt_sample, config.features)
-    if PromptFeature.TOOL_AGENT in config.features and request.has_tools:
-        found.add(PromptFeature.TOOL_AGENT)
-    return frozenset(found)
+    return prompt_feature_detector(signals)(request)
 
 
 def size_bucket(tokens: int) -> str:
@@ -92,11 +107,10 @@ def complexity(request: RequestSummary, features: frozenset[PromptFeature],
     points = len(features & _HEAVY_FEATURES)
     if signals.request_shape.enabled:
         tokens = request.estimated_input_tokens
-        points += sum(tokens >= limit for limit in (2_000, 8_000, 32_000))
-        points += int(request.has_tools) + int(request.has_images)
-        points += int(request.reasoning_requested)
+        points += (tokens >= 2_000) + (tokens >= 8_000) + (tokens >= 32_000)
+        points += request.has_tools + request.has_images + request.reasoning_requested
         cap = request.max_tokens_cap or 0
-        points += sum(cap >= limit for limit in (4_096, 16_384))
+        points += (cap >= 4_096) + (cap >= 16_384)
     if points == 0:
         bucket = Complexity.SIMPLE
     elif points <= 2:

@@ -7,6 +7,7 @@ telemetry will persist.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,15 +48,35 @@ class DecisionTrace:
     thresholds_relaxed: bool = False
     reasoning: dict[str, str | int | None] | None = None
     affinity: str = "not_applicable"
-    candidates: list[CandidateTrace] = field(default_factory=list)
+    # The rows of `candidates`, or the function that builds them on first read: rounding
+    # every score of every candidate costs more than the rest of a decision, and most
+    # decisions are never explained or logged. Readers get the same rows either way.
+    _candidates: list[CandidateTrace] | Callable[[], list[CandidateTrace]] = field(
+        default_factory=list, init=False)
+
+    @property
+    def candidates(self) -> list[CandidateTrace]:
+        if callable(self._candidates):
+            self._candidates = self._candidates()
+        return self._candidates
+
+    @candidates.setter
+    def candidates(self, rows: list[CandidateTrace]) -> None:
+        self._candidates = rows
+
+    def defer_candidates(self, build: Callable[[], list[CandidateTrace]]) -> None:
+        """`candidates` will be `build()`, called on first read (if any)."""
+        self._candidates = build
 
     def exclude(self, target: str, stage: str) -> None:
         self.exclusions.append((target, stage))
 
     def to_dict(self) -> dict[str, Any]:
+        rows = self.candidates
         data = asdict(self)
+        data["candidates"] = data.pop("_candidates")  # the last key, as it always was
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
-        for row, candidate in zip(data["candidates"], self.candidates, strict=True):
+        for row, candidate in zip(data["candidates"], rows, strict=True):
             row["final_share_bucket"] = bucket(candidate.final_share)
             row["term_value_bucket"] = (None if candidate.term_value is None
                                         else bucket(candidate.term_value))
