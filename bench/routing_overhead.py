@@ -1,10 +1,11 @@
 """Benchmark: what the sidecar adds to a request, measured two ways.
 
 1. In-process CPU cost of the sidecar's per-request work (ext_proc adapter + gateway +
-   routing, real upb messages, no network) for a 1 KB and a 1 MB request body.
-2. End-to-end latency at concurrency 1 on loopback: a demo provider called directly, through
-   Envoy alone (a static route), and through Envoy + sidecar (`sidecar up --config`).
-   The difference between the last two is what routing costs a caller.
+   routing, real upb messages, no network) for 1 KB, 16 KB and 1 MB request bodies.
+2. End-to-end latency at concurrency 1 on loopback, for a 1 KB chat body and for a 1 MB
+   body (long prompt + base64 image): a demo provider called directly, through Envoy alone
+   (a static route), and through Envoy + sidecar (`sidecar up --config`). The difference
+   between the last two is what routing costs a caller.
 
 Usage:  .venv/bin/python bench/routing_overhead.py [--requests 500] [--output FILE]
 Prints a Markdown table; with --output also writes it (bench/results/ is the usual place).
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -147,34 +150,46 @@ def summarize(latencies: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
 
 
-def end_to_end(count: int, body: bytes) -> dict[str, tuple[float, float]]:
-    results: dict[str, tuple[float, float]] = {}
+def end_to_end(bodies: dict[str, tuple[bytes, int]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """p50/p99 per body label (body, request count) for the three paths."""
+    results: dict[str, dict[str, tuple[float, float]]] = {label: {} for label in bodies}
+    path = "/bench/v1/chat/completions"
+
+    def run(port: int, request_path: str, token: str, path_name: str, direct: bool) -> None:
+        for label, (body, count) in bodies.items():
+            sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
+            results[label][path_name] = summarize(asyncio.run(
+                timed_requests(port, request_path, sent, count, token)))
+
     with ProviderThread([FakeProvider("bench", api_key="k")]) as providers, \
             tempfile.TemporaryDirectory() as workdir:
-        port = providers.server.port
-        path = "/bench/v1/chat/completions"
-        direct_body = body.replace(b'"bench-group"', b'"m-a"')
-        results["provider direct"] = summarize(asyncio.run(
-            timed_requests(port, path, direct_body, count, "k")))
-
+        run(providers.server.port, path, "k", "provider direct", direct=True)
         envoy_file = Path(workdir) / "envoy.json"
         listen, admin = free_port(), free_port()
-        envoy_file.write_text(envoy_only_config(listen, admin, port))
+        envoy_file.write_text(envoy_only_config(listen, admin, providers.server.port))
         envoy = start_envoy(envoy_file, "error")
         try:
             time.sleep(1.5)
-            results["Envoy direct"] = summarize(asyncio.run(
-                timed_requests(listen, path, direct_body, count, "k")))
+            run(listen, path, "k", "Envoy direct", direct=True)
         finally:
             envoy.terminate()
             envoy.wait(10)
-
         config = Path(workdir) / "config.yaml"
         config.write_text(config_text(providers.base_url("bench")))
         with UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"}).running() as up:
-            results["Envoy + sidecar (dynamic_score)"] = summarize(asyncio.run(
-                timed_requests(up.listen_port, "/v1/chat/completions", body, count)))
+            run(up.listen_port, "/v1/chat/completions", TOKEN,
+                "Envoy + sidecar (dynamic_score)", direct=False)
     return results
+
+
+def image_body(size: int) -> bytes:
+    """A long prompt and a base64 image in one user message, `size` bytes in all."""
+    prompt = ("Describe what changed between these two screenshots. " * 160)[:8192]
+    image = base64.b64encode(os.urandom(max(0, size - len(prompt) - 300) * 3 // 4)).decode()
+    return json.dumps({"model": "bench-group", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": prompt},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]}]}
+    ).encode()
 
 
 def main() -> int:
@@ -188,14 +203,17 @@ def main() -> int:
     for label, size, rounds in [("1 KB", 1024, 3000), ("16 KB", 16384, 1000),
                                 ("1 MB", 1024 * 1024, 100)]:
         lines.append(f"| {label} | {in_process_cost(chat_body(size), rounds):.0f} |")
-    results = end_to_end(args.requests, chat_body(1024))
-    lines += ["", f"## Latency at concurrency 1, 1 KB body, {args.requests} requests", "",
-              "| path | p50 ms | p99 ms |", "| --- | --- | --- |"]
-    lines += [f"| {name} | {p50:.2f} | {p99:.2f} |" for name, (p50, p99) in results.items()]
-    base = results["Envoy direct"]
-    routed = results["Envoy + sidecar (dynamic_score)"]
-    lines += ["", f"Added by the sidecar over Envoy direct: p50 {routed[0] - base[0]:+.2f} ms, "
-              f"p99 {routed[1] - base[1]:+.2f} ms."]
+    big = max(20, args.requests // 5)
+    bodies = {"1 KB chat": (chat_body(1024), args.requests),
+              "1 MB prompt + base64 image": (image_body(1024 * 1024), big)}
+    for label, paths in end_to_end(bodies).items():
+        count = bodies[label][1]
+        lines += ["", f"## Latency at concurrency 1, {label}, {count} requests", "",
+                  "| path | p50 ms | p99 ms |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {p50:.2f} | {p99:.2f} |" for name, (p50, p99) in paths.items()]
+        base, routed = paths["Envoy direct"], paths["Envoy + sidecar (dynamic_score)"]
+        lines += ["", f"Added by the sidecar over Envoy direct: p50 "
+                  f"{routed[0] - base[0]:+.2f} ms, p99 {routed[1] - base[1]:+.2f} ms."]
     publish("\n".join(lines) + "\n", args.output)
     return 0
 

@@ -59,10 +59,16 @@ def test_an_anthropic_stream_after_a_fallback_arrives_event_by_event(fresh: Stac
         assert stream.get_final_message().model == "c2-model"
     gaps = [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
     assert len(gaps) >= 6
-    # The SDK does not surface the `ping` event after content_block_start: one double gap.
+    # Each event arrives on its own (nothing buffered: no two events together), about 200 ms
+    # after the previous one. The SDK does not surface the `ping` event after
+    # content_block_start, so one gap is double. In some full-suite runs (2 of 3 on
+    # 2026-11-29, never in 14 runs of this directory alone) the last event also came
+    # ~200 ms late; tolerated as one more double gap (see the #7 closing note).
+    assert not [gap for gap in gaps if gap < 150], gaps
     single = [gap for gap in gaps if 150 < gap < 300]
     double = [gap for gap in gaps if 350 < gap < 500]
-    assert (len(single), len(double)) == (len(gaps) - 1, 1), gaps
+    assert len(single) + len(double) == len(gaps), gaps
+    assert 1 <= len(double) <= 2 and gaps[1] > 350, gaps
 
 
 def test_a_stream_that_breaks_after_its_first_event_is_not_replayed(fresh: Stack) -> None:
