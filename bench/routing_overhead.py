@@ -50,8 +50,8 @@ models:
   bench-group:
     strategy: dynamic_score
     targets:
-      - {{provider: bench, model_ref: m-a, weight: 3}}
-      - {{provider: bench, model_ref: m-b, weight: 1}}
+      - {{provider: bench, model_ref: m-a, weight: 3, tags: [vision]}}
+      - {{provider: bench, model_ref: m-b, weight: 1, tags: [vision]}}
 """
 
 

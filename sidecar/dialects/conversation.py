@@ -33,8 +33,10 @@ _SYSTEM_ROLES = ("system", "developer")
 
 
 # Strings longer than this enter the key as their own SHA-256 (a data-URL image is hashed
-# once, not copied into a canonical document).
+# once, not copied into a canonical document), taken over their length and their first and
+# last `_SAMPLE` characters: the work per request stays bounded however large the image.
 _LONG = 1024
+_SAMPLE = 32 * 1024
 # The canonical JSON encoder, built once (`json.dumps` with these options builds one per call).
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -45,12 +47,22 @@ def _compact(value: Any) -> Any:
     if isinstance(value, str):
         if len(value) <= _LONG:
             return value
-        return {"sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()}
+        return {"sha256": _long_string_digest(value)}
     if isinstance(value, dict):
         return {k: _compact(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
         return [_compact(item) for item in value]
     return value
+
+
+def _long_string_digest(value: str) -> str:
+    digest = hashlib.sha256(str(len(value)).encode())
+    if len(value) <= 2 * _SAMPLE:
+        digest.update(value.encode("utf-8", "surrogatepass"))
+    else:
+        digest.update(value[:_SAMPLE].encode("utf-8", "surrogatepass"))
+        digest.update(value[-_SAMPLE:].encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def _part(part: Any) -> Any:

@@ -153,19 +153,26 @@ class Connection(asyncio.Protocol):
             self._preface_seen = True
             position = len(f.PREFACE)
         size = len(buffer)
-        while size - position >= 9:
-            high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(buffer, position)
-            length = (high << 8) | low
-            if length > MAX_FRAME_IN:
-                raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
-            end = position + 9 + length
-            if end > size:
-                break
-            payload = bytes(buffer[position + 9:end])
-            position = end
-            self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
-            if self._transport is None or self._transport.is_closing():
-                return
+        # DATA payloads are handed on as views of the read buffer (a 1 MiB body is copied
+        # once, into its call's inbox); the view is released before the buffer shrinks.
+        # (Slices are passed as temporaries, so none outlives the call it was made for.)
+        with memoryview(buffer) as view:
+            while size - position >= 9:
+                high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(view, position)
+                length = (high << 8) | low
+                if length > MAX_FRAME_IN:
+                    raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                start, position = position + 9, position + 9 + length
+                if position > size:
+                    position = start - 9
+                    break
+                if kind == f.DATA and self._continuation is None:
+                    self._on_data(flags, stream_id & 0x7FFFFFFF, view[start:position])
+                else:
+                    self._frame(kind, flags, stream_id & 0x7FFFFFFF,
+                                bytes(view[start:position]))
+                if self._transport is None or self._transport.is_closing():
+                    return
         del buffer[:position]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
@@ -194,7 +201,7 @@ class Connection(asyncio.Protocol):
             raise ProtocolError(f.PROTOCOL_ERROR, "clients cannot push")
         # PRIORITY, GOAWAY (the peer stops opening calls) and unknown types: nothing to do.
 
-    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def _on_data(self, flags: int, stream_id: int, payload: memoryview) -> None:
         length = len(payload)
         self._recv_unacked += length
         if self._recv_unacked >= CONNECTION_WINDOW // 2:
@@ -215,24 +222,37 @@ class Connection(asyncio.Protocol):
             call.remote_closed = True
             self._dispatch(call, None)
 
-    def _messages(self, call: Call, payload: bytes) -> None:
-        """Split gRPC length-prefixed messages out of the call's byte stream."""
+    def _messages(self, call: Call, payload: memoryview) -> None:
+        """Split gRPC length-prefixed messages out of the call's byte stream. Messages that
+        arrive whole in one frame are taken straight from it; the rest wait in the inbox."""
         inbox = call.inbox
+        if not inbox:
+            used = self._whole_messages(call, payload)
+            if used < len(payload) and not call.finished:
+                inbox += payload[used:]
+            return
         inbox += payload
+        with memoryview(inbox) as data:
+            used = self._whole_messages(call, data)
+        del inbox[:used]
+
+    def _whole_messages(self, call: Call, data: memoryview) -> int:
+        """Dispatch every complete message at the start of `data`; return the bytes used."""
+        used, available = 0, len(data)
         limit = self._server.max_message_bytes
-        while len(inbox) >= 5 and not call.finished:
-            compressed, size = _MESSAGE_PREFIX.unpack_from(inbox, 0)
+        while available - used >= 5 and not call.finished:
+            compressed, size = _MESSAGE_PREFIX.unpack_from(data, used)
             if size > limit:
                 call.finish(RESOURCE_EXHAUSTED, f"message larger than {limit} bytes")
-                return
-            if compressed:
+            elif compressed:
                 call.finish(UNIMPLEMENTED, "compressed messages are not supported")
-                return
-            if len(inbox) < 5 + size:
-                return
-            message = bytes(memoryview(inbox)[5:5 + size])
-            del inbox[:5 + size]
-            self._dispatch(call, message)
+            elif available - used - 5 >= size:
+                message = bytes(data[used + 5:used + 5 + size])
+                used += 5 + size
+                self._dispatch(call, message)
+                continue
+            break
+        return used
 
     def _dispatch(self, call: Call, message: bytes | None) -> None:
         """Hand a message (or the client's half-close, None) to the call's handler."""
@@ -343,12 +363,16 @@ class Connection(asyncio.Protocol):
             self._blocked[call.id] = call
 
     def _write_data(self, call: Call, data: bytes, size: int) -> None:
+        """Frame `data[:size]` straight into the output buffer (one copy)."""
         self._send_window -= size
         call.send_window -= size
         step = self._peer_max_frame
         view = memoryview(data)
+        out = self._out
         for offset in range(0, size, step):
-            self._out += f.frame(f.DATA, 0, call.id, view[offset:min(offset + step, size)])
+            chunk = view[offset:min(offset + step, size)]
+            out += f.FRAME_HEADER.pack(len(chunk) >> 8, len(chunk) & 0xFF, f.DATA, 0, call.id)
+            out += chunk
 
     def _drain_blocked(self) -> None:
         for call in list(self._blocked.values()):
@@ -377,9 +401,12 @@ class Connection(asyncio.Protocol):
             self._flush()
 
     def _flush(self) -> None:
+        """Hand the output buffer to the transport as is (no copy) and start a new one."""
         if self._out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(bytes(self._out))
-        self._out.clear()
+            self._transport.write(self._out)
+            self._out = bytearray()
+        else:
+            self._out.clear()
 
     def _cancel(self, call: Call) -> None:
         if call.finished or call.handler is None:

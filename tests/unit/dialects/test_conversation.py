@@ -137,3 +137,23 @@ def test_responses_input_without_messages() -> None:
                                      {"messages": [7]}])
 def test_no_conversation_no_key(payload: dict) -> None:
     assert conversation_key("a", "g", CHAT, payload) is None
+
+
+def image_message(data: str) -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]}
+
+
+def test_large_images_are_keyed_by_length_and_both_ends_only() -> None:
+    """Bounded work per request: a 4 MB image costs no more than a 64 KB one to key."""
+    middle = "A" * 4_000_000
+    base = key(image_message("head" + middle + "tail"))
+    assert key(image_message("head" + middle + "tail")) == base
+    assert key(image_message("HEAD" + middle + "tail")) != base  # first characters differ
+    assert key(image_message("head" + middle + "TAIL")) != base  # last characters differ
+    assert key(image_message("head" + middle + "tail!")) != base  # length differs
+    # the same length and ends: one key (a shared pin is the only effect)
+    assert key(image_message("head" + "A" * 1_999_999 + "B" + "A" * 2_000_000 + "tail")) == base
+    # strings up to 64 Ki characters are hashed whole
+    small = "A" * 60_000
+    assert key(image_message(small[:30_000] + "B" + small[30_001:])) != key(image_message(small))
