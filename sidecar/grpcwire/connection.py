@@ -67,6 +67,7 @@ class Connection(asyncio.Protocol):
         self._server.connections.add(self)
         self._out += f.settings({
             f.SETTINGS_ENABLE_PUSH: 0,
+            f.SETTINGS_MAX_CONCURRENT_STREAMS: self._server.max_concurrent_calls,
             f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME_IN,
         })
@@ -304,7 +305,7 @@ class Connection(asyncio.Protocol):
         if stream_id <= self._last_stream_id:
             return  # trailers of a call we already finished
         self._last_stream_id = stream_id
-        if self.going_away:
+        if self.going_away or len(self._calls) >= self._server.max_concurrent_calls:
             self._out += f.rst_stream(stream_id, f.REFUSED_STREAM)
             return
         path = next((value for name, value in headers if name == b":path"), b"")

@@ -11,10 +11,15 @@ from sidecar.grpcwire.connection import Connection
 
 
 class GrpcServer:
-    def __init__(self, max_message_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, max_message_bytes: int = 4 * 1024 * 1024,
+                 max_concurrent_calls: int = 10_000) -> None:
+        """`max_concurrent_calls` bounds the calls open at once per connection (announced
+        to the peer; Envoy opens another connection beyond it), and with the message limit
+        the memory a peer can make us hold."""
         self.methods: dict[bytes, HandlerFactory] = {}
         self.connections: set[Connection] = set()
         self.max_message_bytes = max_message_bytes
+        self.max_concurrent_calls = max_concurrent_calls
         self.port = 0
         self._listener: asyncio.Server | None = None
 

@@ -340,3 +340,21 @@ def test_header_memo_follows_the_dynamic_table() -> None:
     ours.decode(b"\x3f\x01")
     with pytest.raises(ProtocolError):
         ours.decode(newest)
+
+
+def test_calls_beyond_the_concurrency_limit_are_refused() -> None:
+    server = Running()
+    server.server.max_concurrent_calls = 2
+    try:
+        with socket.create_connection(("127.0.0.1", server.server.port), timeout=5) as sock:
+            sock.sendall(f.PREFACE + f.settings({}))
+            encoder = hpack.Encoder()
+            for stream_id in (1, 3, 5):  # three calls that stay open (no END_STREAM)
+                block = encoder.encode([(":method", "POST"), (":scheme", "http"),
+                                        (":path", f"/{SERVICE}/Echo"), (":authority", "x")])
+                sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, stream_id, block))
+            frames = read_frames(sock, f.RST_STREAM)
+        assert frames[-1][:3] == (f.RST_STREAM, 0, 5)
+        assert struct.unpack(">I", frames[-1][3])[0] == f.REFUSED_STREAM
+    finally:
+        server.close()
