@@ -8,7 +8,8 @@ write. Measured in bench/side_by_side.py; see docs/performance.md.
 
 Scope: plaintext HTTP/2 (h2c with prior knowledge) as gRPC clients and Envoy speak it, flow
 control in both directions, PING, SETTINGS, RST_STREAM, GOAWAY, CONTINUATION, padding.
-Header blocks are decoded in headers.py.
+Header blocks are decoded in headers.py; what we send is framed and flow-controlled in
+sending.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import INTERNAL, RESOURCE_EXHAUSTED, UNIMPLEMENTED, Call
 from sidecar.grpcwire.frames import ProtocolError
 from sidecar.grpcwire.headers import HeaderDecoder
+from sidecar.grpcwire.sending import FrameWriter
 
 if TYPE_CHECKING:
     from sidecar.grpcwire.server import GrpcServer
@@ -33,24 +35,19 @@ log = logging.getLogger("sidecar.grpcwire")
 STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_IN = 256 * 1024
+# The largest request header block we accept (gRPC clients send a few hundred bytes).
+MAX_HEADER_BLOCK = 64 * 1024
 _MESSAGE_PREFIX = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
 
 
-class Connection(asyncio.Protocol):
+class Connection(FrameWriter, asyncio.Protocol):
     def __init__(self, server: GrpcServer) -> None:
+        super().__init__()
         self._server = server
-        self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._preface_seen = False
         self._headers = HeaderDecoder()
-        self._calls: dict[int, Call] = {}
-        self._blocked: dict[int, Call] = {}  # calls with output waiting for window
-        self._out = bytearray()
-        self._reading = False
-        self._send_window = f.DEFAULT_WINDOW
-        self._peer_initial_window = f.DEFAULT_WINDOW
-        self._peer_max_frame = f.DEFAULT_MAX_FRAME
         self._recv_unacked = 0
         self._continuation: tuple[int, int, bytearray] | None = None
         self._last_stream_id = 0
@@ -70,6 +67,7 @@ class Connection(asyncio.Protocol):
             f.SETTINGS_MAX_CONCURRENT_STREAMS: self._server.max_concurrent_calls,
             f.SETTINGS_INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             f.SETTINGS_MAX_FRAME_SIZE: MAX_FRAME_IN,
+            f.SETTINGS_MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK,
         })
         self._out += f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         self._flush()
@@ -87,8 +85,7 @@ class Connection(asyncio.Protocol):
             self._out += f.goaway(self._last_stream_id, f.INTERNAL_ERROR)
             self._close()
         finally:
-            self._reading = False
-            self._flush()
+                self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -106,28 +103,7 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.resume_reading()
 
-    # --- used by Call and the server --------------------------------------------------
-
-    def send_message(self, call: Call, message: bytes) -> None:
-        if not call.headers_sent:
-            call.headers_sent = True
-            self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id, f.RESPONSE_HEADERS)
-        self._send_data(call, _MESSAGE_PREFIX.pack(0, len(message)) + message)
-        self._flush_unless_reading()
-
-    def finish_call(self, call: Call, status: int, message: str) -> None:
-        if call.headers_sent:
-            block = f.trailers(status, message)
-        else:  # trailers-only response
-            call.headers_sent = True
-            block = f.RESPONSE_HEADERS + f.trailers(status, message)
-        trailers = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.id, block)
-        if call.pending_data:
-            call.pending_trailers = trailers
-        else:
-            self._out += trailers
-            self._calls.pop(call.id, None)
-        self._flush_unless_reading()
+    # --- used by the server -----------------------------------------------------------
 
     def go_away(self) -> None:
         """Graceful stop: no new calls; those in flight may finish."""
@@ -174,7 +150,7 @@ class Connection(asyncio.Protocol):
                                 bytes(view[start:position]))
                 if self._transport is None or self._transport.is_closing():
                     return
-        del buffer[:position]
+        _consume(self, "_buffer", position)
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and kind != f.CONTINUATION:
@@ -209,8 +185,8 @@ class Connection(asyncio.Protocol):
             self._out += f.window_update(0, self._recv_unacked)
             self._recv_unacked = 0
         call = self._calls.get(stream_id)
-        if call is None or call.remote_closed:
-            return  # a call we already finished or reset; its bytes still count above
+        if call is None or call.remote_closed or call.finished:
+            return  # a call that is over (its trailers may still be queued); bytes counted
         if flags & f.PADDED:
             payload = _unpad(payload)
         call.recv_unacked += length
@@ -235,7 +211,7 @@ class Connection(asyncio.Protocol):
         inbox += payload
         with memoryview(inbox) as data:
             used = self._whole_messages(call, data)
-        del inbox[:used]
+        _consume(call, "inbox", used)
 
     def _whole_messages(self, call: Call, data: memoryview) -> int:
         """Dispatch every complete message at the start of `data`; return the bytes used."""
@@ -244,9 +220,9 @@ class Connection(asyncio.Protocol):
         while available - used >= 5 and not call.finished:
             compressed, size = _MESSAGE_PREFIX.unpack_from(data, used)
             if size > limit:
-                call.finish(RESOURCE_EXHAUSTED, f"message larger than {limit} bytes")
+                self._end(call, RESOURCE_EXHAUSTED, f"message larger than {limit} bytes")
             elif compressed:
-                call.finish(UNIMPLEMENTED, "compressed messages are not supported")
+                self._end(call, UNIMPLEMENTED, "compressed messages are not supported")
             elif available - used - 5 >= size:
                 message = bytes(data[used + 5:used + 5 + size])
                 used += 5 + size
@@ -267,17 +243,32 @@ class Connection(asyncio.Protocol):
                 handler.on_message(call, message)
         except Exception:
             log.exception("gRPC handler failed")
-            call.finish(INTERNAL, "internal error")
+            self._end(call, INTERNAL, "internal error")
+
+    def _end(self, call: Call, status: int, message: str) -> None:
+        """End a call on the server's own account; its handler hears of it as a cancel."""
+        if call.finished:
+            return
+        call.finish(status, message)
+        if call.handler is not None:
+            try:
+                call.handler.on_cancel()
+            except Exception:
+                log.exception("gRPC handler failed on cancel")
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         start, end = 0, len(payload)
         if flags & f.PADDED:
+            if not payload:
+                raise ProtocolError(f.PROTOCOL_ERROR, "bad HEADERS padding")
             start, end = 1, end - payload[0]
         if flags & f.PRIORITY_FLAG:
             start += 5
         if start > end:
             raise ProtocolError(f.PROTOCOL_ERROR, "bad HEADERS padding")
         block = payload[start:end]
+        if len(block) > MAX_HEADER_BLOCK:
+            raise ProtocolError(f.PROTOCOL_ERROR, "header block too large")
         if flags & f.END_HEADERS:
             self._header_block(flags, stream_id, block)
         else:
@@ -287,6 +278,8 @@ class Connection(asyncio.Protocol):
         if self._continuation is None or self._continuation[0] != stream_id:
             raise ProtocolError(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
         self._continuation[2].extend(payload)
+        if len(self._continuation[2]) > MAX_HEADER_BLOCK:
+            raise ProtocolError(f.PROTOCOL_ERROR, "header block too large")
         if flags & f.END_HEADERS:
             _, first_flags, block = self._continuation
             self._continuation = None
@@ -313,9 +306,14 @@ class Connection(asyncio.Protocol):
         self._calls[stream_id] = call
         factory = self._server.methods.get(path)
         if factory is None:
-            call.finish(UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
+            call.finish(UNIMPLEMENTED, f"unknown method {path[:200].decode('latin-1')}")
             return
-        call.handler = factory()
+        try:
+            call.handler = factory()
+        except Exception:
+            log.exception("gRPC handler could not start")
+            call.finish(INTERNAL, "internal error")
+            return
         if flags & f.END_STREAM:
             call.remote_closed = True
             self._dispatch(call, None)
@@ -333,7 +331,11 @@ class Connection(asyncio.Protocol):
                 for call in self._calls.values():
                     call.send_window += delta
             elif key == f.SETTINGS_MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
+                    raise ProtocolError(f.PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
                 self._peer_max_frame = value
+            elif key == f.SETTINGS_HEADER_TABLE_SIZE and value < f.DEFAULT_TABLE_SIZE:
+                self._table_size_update = True
         self._out += f.frame(f.SETTINGS, f.ACK, 0)
         self._drain_blocked()
 
@@ -351,64 +353,6 @@ class Connection(asyncio.Protocol):
             if call.id in self._blocked:
                 self._drain(call)
 
-    # --- writing ----------------------------------------------------------------------
-
-    def _send_data(self, call: Call, data: bytes) -> None:
-        if call.pending_data:
-            call.pending_data += data
-            return
-        allowed = min(len(data), self._send_window, call.send_window)
-        self._write_data(call, data, allowed)
-        if allowed < len(data):
-            call.pending_data += data[allowed:]
-            self._blocked[call.id] = call
-
-    def _write_data(self, call: Call, data: bytes, size: int) -> None:
-        """Frame `data[:size]` straight into the output buffer (one copy)."""
-        self._send_window -= size
-        call.send_window -= size
-        step = self._peer_max_frame
-        view = memoryview(data)
-        out = self._out
-        for offset in range(0, size, step):
-            chunk = view[offset:min(offset + step, size)]
-            out += f.FRAME_HEADER.pack(len(chunk) >> 8, len(chunk) & 0xFF, f.DATA, 0, call.id)
-            out += chunk
-
-    def _drain_blocked(self) -> None:
-        for call in list(self._blocked.values()):
-            self._drain(call)
-            if self._send_window <= 0:
-                break
-
-    def _drain(self, call: Call) -> None:
-        pending = call.pending_data
-        allowed = min(len(pending), self._send_window, call.send_window)
-        if allowed <= 0:
-            return
-        self._write_data(call, bytes(pending[:allowed]), allowed)
-        del pending[:allowed]
-        if pending:
-            return
-        self._blocked.pop(call.id, None)
-        if call.pending_trailers is not None:
-            self._out += call.pending_trailers
-            call.pending_trailers = None
-            self._calls.pop(call.id, None)
-        self._flush_unless_reading()
-
-    def _flush_unless_reading(self) -> None:
-        if not self._reading:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Hand the output buffer to the transport as is (no copy) and start a new one."""
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(self._out)
-            self._out = bytearray()
-        else:
-            self._out.clear()
-
     def _cancel(self, call: Call) -> None:
         if call.finished or call.handler is None:
             return
@@ -424,7 +368,22 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
 
-def _unpad(payload: bytes) -> bytes:
+def _consume(owner: object, name: str, used: int) -> None:
+    """Drop the first `used` bytes of the bytearray `owner.<name>`. If a view of it is still
+    alive somewhere (a traceback kept by a log handler holds the frames that had one), the
+    bytearray cannot shrink in place, so the rest moves to a new one instead."""
+    if not used:
+        return
+    data: bytearray = getattr(owner, name)
+    try:
+        del data[:used]
+    except BufferError:
+        setattr(owner, name, bytearray(memoryview(data)[used:]))
+
+
+def _unpad(payload: bytes | memoryview) -> bytes | memoryview:
+    if not payload:
+        raise ProtocolError(f.PROTOCOL_ERROR, "bad DATA padding")
     pad = payload[0]
     if pad >= len(payload):
         raise ProtocolError(f.PROTOCOL_ERROR, "bad DATA padding")

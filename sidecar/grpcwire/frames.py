@@ -34,7 +34,10 @@ COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
 
 DEFAULT_WINDOW = 65_535
 DEFAULT_MAX_FRAME = 16_384
+MAX_FRAME_LIMIT = 2**24 - 1
 MAX_WINDOW = 2**31 - 1
+DEFAULT_TABLE_SIZE = 4_096
+TABLE_SIZE_ZERO = b"\x20"  # HPACK dynamic table size update to 0 (RFC 7541 §6.3)
 
 
 class ProtocolError(Exception):
@@ -96,7 +99,7 @@ RESPONSE_HEADERS = b"\x88" + _integer(31, 4, 0) + _string(b"application/grpc")
 def trailers(status: int, message: str = "") -> bytes:
     block = literal(b"grpc-status", str(status).encode())
     if message:
-        block += literal(b"grpc-message", _percent_encode(message))
+        block += literal(b"grpc-message", _percent_encode(message[:1024]))
     return block
 
 

@@ -23,6 +23,7 @@ class HeaderDecoder:
     remembered until some block changes the table."""
 
     _MEMO_MAX = 64
+    _BLOCK_MAX = 4096
 
     def __init__(self) -> None:
         self._decoder = hpack.Decoder()
@@ -34,15 +35,18 @@ class HeaderDecoder:
         headers = self._memo.get(block)
         if headers is not None:
             return headers
-        before = self._table.changes
+        before = self._table.changes, self._table.maxsize
         try:
             headers = [(bytes(name), bytes(value))
                        for name, value in self._decoder.decode(block, raw=True)]
         except hpack.HPACKError as error:
             raise ProtocolError(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
-        if self._table.changes != before:
+        if (self._table.changes, self._table.maxsize) != before:
             self._memo.clear()
-        elif len(self._memo) < self._MEMO_MAX:
+        elif (len(self._memo) < self._MEMO_MAX and len(block) <= self._BLOCK_MAX
+              and block[:1] and block[0] & 0xE0 != 0x20):
+            # (a block that opens with a table size update changes the table even when the
+            # size stays the same, e.g. a resize to 0 that empties it: never remembered)
             self._memo[block] = headers
         return headers
 

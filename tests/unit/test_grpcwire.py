@@ -10,6 +10,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import ClassVar
 
 import grpc
 import hpack
@@ -358,3 +359,193 @@ def test_calls_beyond_the_concurrency_limit_are_refused() -> None:
         assert struct.unpack(">I", frames[-1][3])[0] == f.REFUSED_STREAM
     finally:
         server.close()
+
+
+# --- the connection on a fake transport (review findings) ----------------------------------
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        out, data = [], bytes(self.written)
+        while len(data) >= 9:
+            high, low, kind, flags, stream = f.FRAME_HEADER.unpack_from(data)
+            length = (high << 8) | low
+            out.append((kind, flags, stream, data[9:9 + length]))
+            data = data[9 + length:]
+        self.written.clear()
+        return out
+
+
+class Sender:
+    """Sends whatever the test puts in `outgoing` when a message arrives; never finishes."""
+
+    outgoing: ClassVar[list[bytes]] = []
+    cancelled = 0
+
+    def on_message(self, call: Call, payload: bytes) -> None:
+        for message in Sender.outgoing:
+            call.send(message)
+
+    def on_half_close(self, call: Call) -> None: ...
+
+    def on_cancel(self) -> None:
+        Sender.cancelled += 1
+
+
+def fake_connection(settings: dict[int, int] | None = None):
+    from sidecar.grpcwire.connection import Connection
+    server = GrpcServer(max_message_bytes=1 << 20)
+    server.add_method(SERVICE, "Send", Sender)
+    connection = Connection(server)
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.data_received(f.PREFACE + f.settings(settings or {}))
+    transport.frames()
+    return connection, transport
+
+
+def open_call(connection, stream_id: int, message: bytes = b"go") -> None:
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"),
+                                    (":path", f"/{SERVICE}/Send"), (":authority", "x")])
+    connection.data_received(f.frame(f.HEADERS, f.END_HEADERS, stream_id, block)
+                             + f.frame(f.DATA, 0, stream_id,
+                                       b"\x00" + struct.pack(">I", len(message)) + message))
+
+
+def data_of(frames, stream_id: int) -> bytes:
+    return b"".join(p for kind, _, s, p in frames if kind == f.DATA and s == stream_id)
+
+
+def test_a_negative_send_window_queues_everything_and_loses_nothing() -> None:
+    """RFC 9113 §6.9.2: lowering SETTINGS_INITIAL_WINDOW_SIZE can make a window negative."""
+    connection, transport = fake_connection({f.SETTINGS_INITIAL_WINDOW_SIZE: 1010})
+    Sender.outgoing = [b"A" * 1000]  # 1,005 bytes framed: all go, 5 bytes of window left
+    open_call(connection, 1)
+    sent = data_of(transport.frames(), 1)
+    assert len(sent) == 1005
+    # the peer lowers the initial window by 15: our window is now -10
+    connection.data_received(f.settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 995}))
+    Sender.outgoing = [b"B" * 15]
+    connection.data_received(f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x01x"))
+    assert data_of(transport.frames(), 1) == b""  # nothing may go while the window is < 0
+    connection.data_received(f.window_update(1, 22))  # window: 12
+    sent += data_of(transport.frames(), 1)
+    expected = (b"\x00" + struct.pack(">I", 1000) + b"A" * 1000
+                + b"\x00" + struct.pack(">I", 15) + b"B" * 15)
+    assert sent == expected[:1005 + 12]
+    connection.data_received(f.window_update(1, 100))
+    sent += data_of(transport.frames(), 1)
+    assert sent == expected
+
+
+def test_a_call_the_server_ends_itself_is_reported_to_its_handler() -> None:
+    """An oversize message (or a handler failure) ends the call; the handler must hear of it,
+    or per-stream accounting (ext_proc's active_streams) would leak."""
+    connection, transport = fake_connection()
+    before = Sender.cancelled
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"),
+                                    (":path", f"/{SERVICE}/Send"), (":authority", "x")])
+    connection.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, block)
+                             + f.frame(f.DATA, 0, 1, b"\x00" + struct.pack(">I", 2 << 20)))
+    assert Sender.cancelled == before + 1
+    trailers = [p for kind, flags, s, p in transport.frames()
+                if kind == f.HEADERS and flags & f.END_STREAM]
+    assert ("grpc-status", "8") in hpack.Decoder().decode(trailers[0])
+    connection.data_received(f.rst_stream(1, f.CANCEL))  # no second report
+    assert Sender.cancelled == before + 1
+
+
+def test_the_read_buffer_survives_a_view_kept_alive_elsewhere() -> None:
+    from sidecar.grpcwire.connection import _consume
+
+    class Owner:
+        data = bytearray(b"0123456789")
+
+    owner = Owner()
+    view = memoryview(owner.data)  # e.g. held by a logged traceback's frame
+    _consume(owner, "data", 4)
+    assert owner.data == bytearray(b"456789")
+    view.release()
+
+
+def test_a_table_size_update_block_is_never_remembered() -> None:
+    def indexed_literal(name: bytes, value: bytes) -> bytes:
+        return b"\x40" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    ours = HeaderDecoder()
+    ours.decode(indexed_literal(b"x-a", b"1"))
+    assert ours.decode(b"\xbe") == [(b"x-a", b"1")]
+    ours.decode(b"\x20")  # resize to 0: the table is empty now
+    with pytest.raises(ProtocolError):
+        ours.decode(b"\xbe")
+
+
+def test_oversized_header_blocks_and_bad_settings_close_the_connection() -> None:
+    connection, transport = fake_connection()
+    connection.data_received(f.frame(f.HEADERS, 0, 1, b"\x00" * 40_000)
+                             + f.frame(f.CONTINUATION, 0, 1, b"\x00" * 40_000))
+    assert transport.closed and transport.frames()[-1][0] == f.GOAWAY
+    connection, transport = fake_connection()
+    connection.data_received(f.settings({f.SETTINGS_MAX_FRAME_SIZE: 100}))
+    goaway = transport.frames()[-1]
+    assert goaway[0] == f.GOAWAY and struct.unpack(">II", goaway[3])[1] == f.PROTOCOL_ERROR
+
+
+def test_after_the_peer_shrinks_its_table_our_next_block_says_so() -> None:
+    connection, transport = fake_connection({f.SETTINGS_HEADER_TABLE_SIZE: 0})
+    Sender.outgoing = [b"x"]
+    open_call(connection, 1)
+    headers = [p for kind, _, _, p in transport.frames() if kind == f.HEADERS]
+    assert headers[0][:1] == f.TABLE_SIZE_ZERO
+    decoder = hpack.Decoder()
+    decoder.max_allowed_table_size = 0
+    assert (":status", "200") in decoder.decode(headers[0])
+
+
+def test_an_unreadable_ext_proc_message_does_not_leak_an_open_stream() -> None:
+    """active_streams (admin /status, the leak tests) must come back to 0 however a stream
+    ends, including when the message cannot even be parsed."""
+    from sidecar.config import load_config_text
+    from sidecar.extproc.processor import METHOD, ExternalProcessor
+    from sidecar.extproc.processor import SERVICE as EXT_PROC
+    from sidecar.gateway import Gateway, Runtime
+    from sidecar.grpcwire.connection import Connection
+
+    config = load_config_text("""
+providers:
+  p: {base_url: "http://127.0.0.1:9/v1", credential: {env: K}}
+callers: [{name: c, token_sha256: "%s"}]
+models:
+  g: {targets: [{provider: p, model_ref: m}]}
+""" % ("0" * 64))
+    processor = ExternalProcessor(Gateway(Runtime(config, {"K": "k"})))
+    server = GrpcServer()
+    server.add_method(EXT_PROC, METHOD, processor.stream)
+    connection, transport = Connection(server), FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"),
+                                    (":path", f"/{EXT_PROC}/{METHOD}"), (":authority", "x")])
+    garbage = b"\xff\xff\xff"
+    connection.data_received(f.PREFACE + f.settings({})
+                             + f.frame(f.HEADERS, f.END_HEADERS, 1, block)
+                             + f.frame(f.DATA, 0, 1, b"\x00" + struct.pack(">I", 3) + garbage))
+    trailers = [p for kind, flags, _, p in transport.frames()
+                if kind == f.HEADERS and flags & f.END_STREAM]
+    assert ("grpc-status", "13") in hpack.Decoder().decode(trailers[0])
+    assert processor.active_streams == 0

@@ -1,0 +1,118 @@
+"""What a connection sends: response headers, messages and trailers framed for HTTP/2,
+flow control of what we send, and one transport write per socket read."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from sidecar.grpcwire import frames as f
+from sidecar.grpcwire.call import Call
+
+_MESSAGE_PREFIX = struct.Struct(">BI")
+
+
+class FrameWriter:
+    """The sending half of `Connection`. `_calls` is the connection's table of open calls
+    (a finished call leaves it once its last bytes are out); `_reading` is set while a
+    socket read is being handled, so everything it causes leaves in one write."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._calls: dict[int, Call] = {}
+        self._blocked: dict[int, Call] = {}  # calls with output waiting for window
+        self._out = bytearray()
+        self._reading = False
+        self._send_window = f.DEFAULT_WINDOW
+        self._peer_initial_window = f.DEFAULT_WINDOW
+        self._peer_max_frame = f.DEFAULT_MAX_FRAME
+        # The peer shrank its HPACK table: our next header block must say so first.
+        self._table_size_update = False
+
+    def send_message(self, call: Call, message: bytes) -> None:
+        if not call.headers_sent:
+            call.headers_sent = True
+            self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id,
+                                 self._block(f.RESPONSE_HEADERS))
+        self._send_data(call, _MESSAGE_PREFIX.pack(0, len(message)) + message)
+        self._flush_unless_reading()
+
+    def finish_call(self, call: Call, status: int, message: str) -> None:
+        if call.headers_sent:
+            block = f.trailers(status, message)
+        else:  # trailers-only response
+            call.headers_sent = True
+            block = f.RESPONSE_HEADERS + f.trailers(status, message)
+        trailers = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.id, self._block(block))
+        if call.pending_data:
+            call.pending_trailers = trailers
+        else:
+            self._out += trailers
+            self._calls.pop(call.id, None)
+        self._flush_unless_reading()
+
+    def _block(self, block: bytes) -> bytes:
+        """Our blocks never use the peer's table, but after the peer shrinks it the next
+        block must acknowledge that with a size update (RFC 7541 §4.2); 0 is always valid."""
+        if self._table_size_update:
+            self._table_size_update = False
+            return f.TABLE_SIZE_ZERO + block
+        return block
+
+    def _send_data(self, call: Call, data: bytes) -> None:
+        if call.pending_data:
+            call.pending_data += data
+            return
+        # A window can be negative after the peer lowers SETTINGS_INITIAL_WINDOW_SIZE.
+        allowed = max(0, min(len(data), self._send_window, call.send_window))
+        if allowed:
+            self._write_data(call, data, allowed)
+        if allowed < len(data):
+            call.pending_data += data[allowed:]
+            self._blocked[call.id] = call
+
+    def _write_data(self, call: Call, data: bytes, size: int) -> None:
+        """Frame `data[:size]` straight into the output buffer (one copy)."""
+        self._send_window -= size
+        call.send_window -= size
+        step = self._peer_max_frame
+        view = memoryview(data)
+        out = self._out
+        for offset in range(0, size, step):
+            chunk = view[offset:min(offset + step, size)]
+            out += f.FRAME_HEADER.pack(len(chunk) >> 8, len(chunk) & 0xFF, f.DATA, 0, call.id)
+            out += chunk
+
+    def _drain_blocked(self) -> None:
+        for call in list(self._blocked.values()):
+            self._drain(call)
+            if self._send_window <= 0:
+                break
+
+    def _drain(self, call: Call) -> None:
+        pending = call.pending_data
+        allowed = min(len(pending), self._send_window, call.send_window)
+        if allowed <= 0:
+            return
+        self._write_data(call, bytes(pending[:allowed]), allowed)
+        del pending[:allowed]
+        if pending:
+            return
+        self._blocked.pop(call.id, None)
+        if call.pending_trailers is not None:
+            self._out += call.pending_trailers
+            call.pending_trailers = None
+            self._calls.pop(call.id, None)
+        self._flush_unless_reading()
+
+    def _flush_unless_reading(self) -> None:
+        if not self._reading:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the output buffer to the transport as is (no copy) and start a new one."""
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(self._out)
+            self._out = bytearray()
+        else:
+            self._out.clear()
