@@ -79,7 +79,8 @@ def main() -> int:
     low, high = min(settled), max(settled)
     lines = [f"## Memory soak: {args.minutes:g} min, {result.requests_per_s:,.0f} req/s, "
              f"{CONVERSATIONS:,} conversations", "",
-             f"Requests: {result.requests:,} ({result.bad_responses} failed). Sidecar RSS at "
+             f"Requests: {result.requests:,} ({result.bad_responses} failed"
+             f"{': ' + result.failure_detail if result.failure_detail else ''}). Sidecar RSS at "
              f"start {start_rss:.1f} MB; from minute {args.settle_minutes:g} on between "
              f"{low:.1f} and {high:.1f} MB (spread {100 * (high - low) / low:.1f} %); "
              f"peak {peak:.1f} MB.",

@@ -90,7 +90,8 @@ def measure(row: Row, workdir: Path, seconds: float, streams: int) -> dict[str, 
         cpu = {name: (after - before[name]) / busy.requests * 1000
                for name, after in processes.cpu_seconds().items()}
         if busy.bad_responses:
-            raise RuntimeError(f"{row.name}: {busy.bad_responses} failed requests")
+            raise RuntimeError(f"{row.name}: {busy.bad_responses} failed requests "
+                               f"({busy.failure_detail})")
         single = run_wrk(port, CHAT_PATH, model, TOKEN, 1, seconds)
         streamed = stream(streams)
         figures = {

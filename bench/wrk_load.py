@@ -44,8 +44,9 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     requests: int
-    bad_responses: int
+    bad_responses: int  # non-2xx/3xx responses + socket errors (connect, read, write, timeout)
     cpu_s: float  # wrk's own CPU time
+    failure_detail: str = ""  # "non-2xx N, timeouts N, …" when anything failed
 
 
 def wrk_path() -> str:
@@ -88,8 +89,11 @@ def run_wrk(port: int, path: str, model: str, token: str, connections: int,
                        output)
     if rate is None or total is None or "50" not in percentiles:
         raise RuntimeError(f"unexpected wrk output:\n{output}")
-    failures = int(bad.group(1)) if bad else 0
+    counts = {"non-2xx": int(bad.group(1)) if bad else 0}
     if errors:
-        failures += sum(int(n) for n in errors.groups())
+        counts.update(zip(("connect errors", "read errors", "write errors", "timeouts"),
+                          map(int, errors.groups()), strict=True))
+    detail = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
     return WrkResult(float(rate.group(1)), _ms(percentiles["50"]), _ms(percentiles["99"]),
-                     int(total.group(1)), failures, usage.ru_utime + usage.ru_stime)
+                     int(total.group(1)), sum(counts.values()),
+                     usage.ru_utime + usage.ru_stime, detail)
