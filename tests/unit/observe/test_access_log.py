@@ -77,3 +77,49 @@ def test_not_served_by_a_target_is_not_an_observation() -> None:
 
 def test_the_serving_target_is_not_blamed_for_rescuing_a_request() -> None:
     assert observation_of(entry(attempts=2), TARGETS).failed_over is False
+
+
+class _Call:
+    """What AccessLogStream sees of its gRPC call."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.status: int | None = None
+
+    def send(self, message: bytes) -> None:
+        self.sent.append(message)
+
+    def finish(self, status: int = 0, message: str = "") -> None:
+        self.status = status
+
+
+def _message(*entries: al.HTTPAccessLogEntry, log_name: str | None = None) -> bytes:
+    from envoy.service.accesslog.v3 import als_pb2
+    message = als_pb2.StreamAccessLogsMessage()
+    if log_name is not None:
+        message.identifier.log_name = log_name
+    message.http_logs.log_entry.extend(entries)
+    return message.SerializeToString()
+
+
+def test_a_stream_remembers_which_log_it_carries_and_survives_odd_entries() -> None:
+    """Envoy names the log on a stream's first message only; later messages of the request
+    log still become observations, and an unreadable entry is skipped, not fatal."""
+    from sidecar.envoy_contract import ATTEMPT_LOG_NAME
+    from sidecar.observe.access_log import AccessLogReceiver
+    from sidecar.observe.store import ObservationStore
+
+    store = ObservationStore(retention_seconds=600, slice_seconds=10, refresh_seconds=0)
+    receiver = AccessLogReceiver(store, TARGETS, {"target__g__0__p": "g"})
+    requests, attempts, call = receiver.stream(), receiver.stream(), _Call()
+    requests.on_message(call, _message(entry(), log_name="sidecar_observations"))
+    odd = entry(tokens=float("nan"))  # usage that is no number: this entry cannot be read
+    requests.on_message(call, _message(entry(), odd, entry(status=503)))
+    # an attempt is held until the next attempt of its request shows it was failed over
+    attempts.on_message(call, _message(entry(status=503), log_name=ATTEMPT_LOG_NAME))
+    attempts.on_message(call, _message(entry(status=503)))  # still the attempt log
+    summary = store.summary("p/m", 600)
+    assert summary.figures.count == 3
+    assert summary.outcomes == {"ok": 2, "server_error": 1}
+    requests.on_half_close(call)
+    assert call.status == 0 and call.sent == [b""]
