@@ -85,7 +85,8 @@ class Connection(FrameWriter, asyncio.Protocol):
             self._out += f.goaway(self._last_stream_id, f.INTERNAL_ERROR)
             self._close()
         finally:
-                self._flush()
+            self._reading = False
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)

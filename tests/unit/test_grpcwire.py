@@ -397,8 +397,10 @@ class Sender:
 
     outgoing: ClassVar[list[bytes]] = []
     cancelled = 0
+    last_call: Call | None = None
 
     def on_message(self, call: Call, payload: bytes) -> None:
+        Sender.last_call = call
         for message in Sender.outgoing:
             call.send(message)
 
@@ -452,6 +454,18 @@ def test_a_negative_send_window_queues_everything_and_loses_nothing() -> None:
     connection.data_received(f.window_update(1, 100))
     sent += data_of(transport.frames(), 1)
     assert sent == expected
+
+
+def test_a_send_made_outside_a_socket_read_is_written_at_once() -> None:
+    """Answers made while a read is handled leave together at its end; one made later (a
+    handler answering from a timer or task) must not wait for the next read."""
+    connection, transport = fake_connection()
+    Sender.outgoing = []
+    open_call(connection, 1)
+    assert transport.frames() == []
+    assert Sender.last_call is not None
+    Sender.last_call.send(b"later")
+    assert data_of(transport.frames(), 1) == b"\x00" + struct.pack(">I", 5) + b"later"
 
 
 def test_a_call_the_server_ends_itself_is_reported_to_its_handler() -> None:
