@@ -35,12 +35,12 @@ class ExternalProcessor:
     and the leak tests, read `active_streams` from the admin /status endpoint)."""
 
     def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
+        self.gateway = gateway
         self.active_streams = 0
 
     @property
     def max_body_bytes(self) -> int:
-        return self._gateway.max_body_bytes
+        return self.gateway.max_body_bytes
 
     def stream(self) -> ProcessStream:
         self.active_streams += 1
@@ -57,7 +57,7 @@ class ProcessStream:
 
     def __init__(self, processor: ExternalProcessor) -> None:
         self._processor = processor
-        self._gateway = processor._gateway
+        self._gateway = processor.gateway
         self._pending: Pending | None = None
         self._route: TargetRoute | None = None
         self._closed = False

@@ -37,7 +37,6 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_IN = 256 * 1024
 # The largest request header block we accept (gRPC clients send a few hundred bytes).
 MAX_HEADER_BLOCK = 64 * 1024
-_MESSAGE_PREFIX = struct.Struct(">BI")
 _U32 = struct.Struct(">I")
 
 
@@ -219,7 +218,7 @@ class Connection(FrameWriter, asyncio.Protocol):
         used, available = 0, len(data)
         limit = self._server.max_message_bytes
         while available - used >= 5 and not call.finished:
-            compressed, size = _MESSAGE_PREFIX.unpack_from(data, used)
+            compressed, size = f.MESSAGE_PREFIX.unpack_from(data, used)
             if size > limit:
                 self._end(call, RESOURCE_EXHAUSTED, f"message larger than {limit} bytes")
             elif compressed:
@@ -248,14 +247,9 @@ class Connection(FrameWriter, asyncio.Protocol):
 
     def _end(self, call: Call, status: int, message: str) -> None:
         """End a call on the server's own account; its handler hears of it as a cancel."""
-        if call.finished:
-            return
-        call.finish(status, message)
-        if call.handler is not None:
-            try:
-                call.handler.on_cancel()
-            except Exception:
-                log.exception("gRPC handler failed on cancel")
+        if not call.finished:
+            call.finish(status, message)
+            _tell_cancelled(call)
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         start, end = 0, len(payload)
@@ -355,18 +349,23 @@ class Connection(FrameWriter, asyncio.Protocol):
                 self._drain(call)
 
     def _cancel(self, call: Call) -> None:
-        if call.finished or call.handler is None:
-            return
-        call.finished = True
-        try:
-            call.handler.on_cancel()
-        except Exception:
-            log.exception("gRPC handler failed on cancel")
+        """The peer ended the call (reset, or the connection is gone)."""
+        if not call.finished:
+            call.finished = True
+            _tell_cancelled(call)
 
     def _close(self) -> None:
         self._flush()
         if self._transport is not None:
             self._transport.close()
+
+
+def _tell_cancelled(call: Call) -> None:
+    if call.handler is not None:
+        try:
+            call.handler.on_cancel()
+        except Exception:
+            log.exception("gRPC handler failed on cancel")
 
 
 def _consume(owner: object, name: str, used: int) -> None:

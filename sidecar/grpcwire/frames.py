@@ -11,6 +11,7 @@ import struct
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER = struct.Struct(">HBBBI")  # 24-bit length as (high 16, low 8), type, flags, id
+MESSAGE_PREFIX = struct.Struct(">BI")  # gRPC: compressed flag, message length
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
@@ -48,9 +49,12 @@ class ProtocolError(Exception):
         self.code = code
 
 
+def header(kind: int, flags: int, stream_id: int, size: int) -> bytes:
+    return FRAME_HEADER.pack(size >> 8, size & 0xFF, kind, flags, stream_id)
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    size = len(payload)
-    return FRAME_HEADER.pack(size >> 8, size & 0xFF, kind, flags, stream_id) + payload
+    return header(kind, flags, stream_id, len(payload)) + payload
 
 
 def settings(values: dict[int, int]) -> bytes:

@@ -4,12 +4,9 @@ flow control of what we send, and one transport write per socket read."""
 from __future__ import annotations
 
 import asyncio
-import struct
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import Call
-
-_MESSAGE_PREFIX = struct.Struct(">BI")
 
 
 class FrameWriter:
@@ -34,7 +31,7 @@ class FrameWriter:
             call.headers_sent = True
             self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id,
                                  self._block(f.RESPONSE_HEADERS))
-        self._send_data(call, _MESSAGE_PREFIX.pack(0, len(message)) + message)
+        self._send_data(call, f.MESSAGE_PREFIX.pack(0, len(message)) + message)
         self._flush_unless_reading()
 
     def finish_call(self, call: Call, status: int, message: str) -> None:
@@ -80,7 +77,7 @@ class FrameWriter:
         out = self._out
         for offset in range(0, size, step):
             chunk = view[offset:min(offset + step, size)]
-            out += f.FRAME_HEADER.pack(len(chunk) >> 8, len(chunk) & 0xFF, f.DATA, 0, call.id)
+            out += f.header(f.DATA, 0, call.id, len(chunk))
             out += chunk
 
     def _drain_blocked(self) -> None:
