@@ -157,19 +157,18 @@ class DynamicScore:
                figures: tuple[TargetObservations, ...], costs: tuple[float | None, ...],
                bucket: ComplexityResult | None, matching: tuple[CompiledTerm, ...]) -> Blend:
         """Scores → score_terms → cold start and the capped blend, for these inputs. Requests
-        with the same inputs get the same result: it is kept (a few hundred at most) under
-        the candidates, their observation figures (the view hands out the same object until
-        it refreshes; the entry holds it, so its id stays unique), costs and complexity."""
-        key = (indices, tuple(map(id, figures)), costs, bucket.points if bucket else None)
+        with the same inputs get the same result, so it is kept (a few hundred at most) under
+        the candidates, their observation figures, costs and complexity."""
+        key = (indices, figures, costs, bucket.points if bucket else None)
         blend = self._blends.get(key)
         if blend is not None:
             return blend
         min_observations = self.policy.min_observations
-        candidates = [Candidate(c.target, figure, figure.count >= min_observations, cost)
+        candidates = [Candidate(c.target, figure, figure.count >= min_observations, cost,
+                                self._qualities[c.index])
                       for c, figure, cost in zip(eligible, figures, costs, strict=True)]
         scores = score_candidates(candidates, self.policy.signals,
-                                  bucket.score if bucket else None,
-                                  [self._qualities[index] for index in indices])
+                                  bucket.score if bucket else None)
         hot = [c.warm for c in candidates]
         # Only warm targets move by score; a cold target's term value is not computed.
         values = [sum(t.evaluate(s) for t in matching) if matching and h else None

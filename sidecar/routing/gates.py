@@ -60,6 +60,7 @@ def group_gates(group: ModelGroup,
 def passing_targets(request: RequestSummary, gates: GroupGates,
                     trace: DecisionTrace) -> list[TargetChoice]:
     ceiling = request.spend_ceiling_usd
+    budget = output_budget(request) if ceiling is not None else 0
     passing: list[TargetChoice] = []
     for gate in gates.targets:
         target = gate.choice.target
@@ -69,8 +70,7 @@ def passing_targets(request: RequestSummary, gates: GroupGates,
                 failed = name
                 break
         if failed is None and ceiling is not None:
-            cost = estimated_cost_usd(target, request.estimated_input_tokens,
-                                      output_budget(request))
+            cost = estimated_cost_usd(target, request.estimated_input_tokens, budget)
             if cost is not None and cost > ceiling:
                 failed = SPEND_CEILING
         if failed is None:

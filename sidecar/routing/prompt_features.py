@@ -77,7 +77,7 @@ _DETECTORS: dict[PromptFeature, Callable[[str], bool]] = {
 
 
 def detector(features: Iterable[PromptFeature]) -> Callable[[str], set[PromptFeature]]:
-    """`detect` for a fixed list of features, resolved once (per group, at load)."""
+    """The scan for a fixed list of features, resolved once (per group, at load)."""
     checks = tuple((feature, _DETECTORS[feature]) for feature in features)
 
     def detect_in(sample: str) -> set[PromptFeature]:
@@ -86,7 +86,3 @@ def detector(features: Iterable[PromptFeature]) -> Callable[[str], set[PromptFea
         return {feature for feature, check in checks if check(lowered)}
 
     return detect_in
-
-
-def detect(sample: str, features: list[PromptFeature]) -> set[PromptFeature]:
-    return detector(features)(sample)

@@ -1,9 +1,10 @@
 """The routing core: a request summary and the observation state in, a decision with its
 reasons out.
 
-Pure: no gRPC, no Envoy types, no I/O. The only state of its own is the weighted-rotation
-position per group and candidate set, so a decision is reproducible from configuration,
-observation state, that position and the request.
+Pure: no gRPC, no Envoy types, no I/O. Its state is the weighted-rotation position per
+group and candidate set and the conversation pins, so a decision is reproducible from
+configuration, observation state, that state and the request. (Per-group memos of scoring
+results only save work: they hold what the same inputs would compute again.)
 """
 
 from __future__ import annotations

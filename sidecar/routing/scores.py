@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from sidecar.config.models import Target
 from sidecar.config.policy import Signals
-from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.observations import TargetObservations
 
 NEUTRAL = 0.5
@@ -44,6 +43,7 @@ class Candidate:
     observations: TargetObservations
     warm: bool
     cost_usd: float | None
+    quality: float | None  # capabilities.eval_quality of the target (configuration only)
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -53,10 +53,8 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def score_candidates(candidates: Sequence[Candidate], signals: Signals,
-                     complexity_score: float | None,
-                     qualities: Sequence[float | None] | None = None) -> list[dict[str, float]]:
-    """Every score of every candidate. `qualities` are the candidates' `eval_quality`
-    values when the caller has them already (they depend on the configuration alone)."""
+                     complexity_score: float | None) -> list[dict[str, float]]:
+    """Every score of every candidate."""
     costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
     cheapest = min(costs) if costs else None
     warm = [c.observations for c in candidates if c.warm]
@@ -66,15 +64,13 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
     top_speed = max(speeds) if speeds else None
     observed = signals.observed_performance.enabled
     cost_enabled = signals.cost.enabled
-    if not signals.evaluation_metadata.enabled:
-        qualities = [None] * len(candidates)
-    elif qualities is None:
-        qualities = [eval_quality(c.target) for c in candidates]
+    quality_enabled = signals.evaluation_metadata.enabled
     complexity = NEUTRAL if complexity_score is None else complexity_score
 
     results = []
-    for candidate, quality in zip(candidates, qualities, strict=True):
+    for candidate in candidates:
         obs = candidate.observations
+        quality = candidate.quality if quality_enabled else None
         cost = latency = throughput = reliability = NEUTRAL
         if cost_enabled and candidate.cost_usd is not None and cheapest is not None:
             cost = _ratio(cheapest, candidate.cost_usd)

@@ -50,10 +50,6 @@ def prompt_feature_detector(signals: Signals) -> FeatureDetector:
     return features_of
 
 
-def detect_prompt_features(request: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
-    return prompt_feature_detector(signals)(request)
-
-
 def size_bucket(tokens: int) -> str:
     if tokens >= 32_000:
         return "xl"

@@ -60,10 +60,6 @@ class DecisionTrace:
             self._candidates = self._candidates()
         return self._candidates
 
-    @candidates.setter
-    def candidates(self, rows: list[CandidateTrace]) -> None:
-        self._candidates = rows
-
     def defer_candidates(self, build: Callable[[], list[CandidateTrace]]) -> None:
         """`candidates` will be `build()`, called on first read (if any)."""
         self._candidates = build

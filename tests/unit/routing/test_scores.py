@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sidecar.config.models import Target
 from sidecar.config.policy import Signals
+from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.observations import TargetObservations
 from sidecar.routing.scores import Candidate, score_candidates
 
@@ -19,7 +20,8 @@ def target(**fields) -> Target:
 
 
 def candidate(cost=None, warm=True, **obs) -> Candidate:
-    return Candidate(target(), TargetObservations(count=50 if warm else 0, **obs), warm, cost)
+    return Candidate(target(), TargetObservations(count=50 if warm else 0, **obs), warm, cost,
+                     None)
 
 
 def test_cost_score_is_cheapest_over_own_cost() -> None:
@@ -45,8 +47,9 @@ def test_latency_throughput_reliability_from_warm_observations_only() -> None:
 
 
 def test_complexity_and_eval_quality_scores() -> None:
-    evaluated = Candidate(target(evaluation={"quality_score": 0.9, "pass_rate": 0.7}),
-                          TargetObservations(), False, None)
+    evaluated_target = target(evaluation={"quality_score": 0.9, "pass_rate": 0.7})
+    evaluated = Candidate(evaluated_target, TargetObservations(), False, None,
+                          eval_quality(evaluated_target))
     scores = score_candidates([evaluated, candidate()], ALL, 0.5)
     assert scores[0]["eval_quality_score"] == pytest.approx(0.8)
     assert scores[1]["eval_quality_score"] == 0.5
@@ -59,9 +62,10 @@ def test_complexity_and_eval_quality_scores() -> None:
 ])
 def test_a_disabled_signal_gives_the_neutral_score(signal: str, score: str) -> None:
     off = Signals.model_validate({signal: {"enabled": False}})
+    evaluated = target(evaluation={"quality_score": 1.0})
     scores = score_candidates([
-        Candidate(target(evaluation={"quality_score": 1.0}),
-                  TargetObservations(count=50, p95_latency_ms=10, error_rate=0.5), True, 0.001),
+        Candidate(evaluated, TargetObservations(count=50, p95_latency_ms=10, error_rate=0.5),
+                  True, 0.001, eval_quality(evaluated)),
         candidate(cost=1.0, p95_latency_ms=99),
     ], off, None)
     assert [s[score] for s in scores] == [0.5, 0.5]

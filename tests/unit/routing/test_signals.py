@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config.policy import Complexity, PromptFeature, Signals
-from sidecar.routing.request import Reasoning
-from sidecar.routing.signals import complexity, detect_prompt_features, request_shape_buckets
+from sidecar.routing.request import Reasoning, RequestSummary
+from sidecar.routing.signals import complexity, prompt_feature_detector, request_shape_buckets
 from tests.unit.routing.helpers import request
 
 ALL = Signals()
@@ -25,29 +25,29 @@ SAMPLES = {
 
 @pytest.mark.parametrize(("feature", "text"), SAMPLES.items())
 def test_prompt_features_each_detected(feature: PromptFeature, text: str) -> None:
-    assert feature in detect_prompt_features(request(prompt_sample=text), ALL)
+    assert feature in features_of(request(prompt_sample=text), ALL)
 
 
 def test_code_detected_from_indented_statements() -> None:
     sample = "It fails here:\n    order = orders[order_id]\n    process(order)\n"
-    assert PromptFeature.CODE in detect_prompt_features(request(prompt_sample=sample), ALL)
+    assert PromptFeature.CODE in features_of(request(prompt_sample=sample), ALL)
 
 
 def test_prompt_features_plain_chat_has_none() -> None:
-    assert detect_prompt_features(request(prompt_sample="Hi! How are you today?"), ALL) == set()
+    assert features_of(request(prompt_sample="Hi! How are you today?"), ALL) == set()
 
 
 def test_prompt_features_only_listed_and_only_when_enabled() -> None:
     only_code = Signals.model_validate({"prompt_features": {"features": ["code"]}})
     sample = SAMPLES[PromptFeature.DIFF] + "\n" + SAMPLES[PromptFeature.CODE]
-    assert detect_prompt_features(request(prompt_sample=sample), only_code) == {
+    assert features_of(request(prompt_sample=sample), only_code) == {
         PromptFeature.CODE}
     off = Signals.model_validate({"prompt_features": {"enabled": False}})
-    assert detect_prompt_features(request(prompt_sample=sample), off) == set()
+    assert features_of(request(prompt_sample=sample), off) == set()
 
 
 def test_tool_agent_from_tools_present() -> None:
-    assert PromptFeature.TOOL_AGENT in detect_prompt_features(request(has_tools=True), ALL)
+    assert PromptFeature.TOOL_AGENT in features_of(request(has_tools=True), ALL)
 
 
 def test_request_shape_buckets() -> None:
@@ -81,3 +81,7 @@ def test_complexity_without_request_shape_counts_features_only() -> None:
     assert result.bucket is Complexity.SIMPLE
     assert complexity(request(), frozenset(), Signals.model_validate(
         {"complexity": {"enabled": False}})) is None
+
+
+def features_of(summary: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
+    return prompt_feature_detector(signals)(summary)
