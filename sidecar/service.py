@@ -36,8 +36,7 @@ def observation_store(config: SidecarConfig) -> ObservationStore:
 
 def longest_request_s(config: SidecarConfig) -> float:
     """The longest time a request's attempts can span, plus the access-log flush delay."""
-    deadlines = [group.fallback.deadline_seconds or config.limits.request_timeout_seconds
-                 for group in config.models.values()]
+    deadlines = [config.deadline_seconds(group) for group in config.models.values()]
     return max(deadlines) + 2 * config.observations.flush_interval_ms / 1000 + 1
 
 

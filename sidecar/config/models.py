@@ -343,6 +343,10 @@ class SidecarConfig(StrictModel):
                    if g.strategy == "dynamic_score"]
         return max(windows, default=600)
 
+    def deadline_seconds(self, group: ModelGroup) -> float:
+        """How long all of a request's attempts together may take in `group`."""
+        return group.fallback.deadline_seconds or self.limits.request_timeout_seconds
+
     def target_dialects(self, target: Target) -> list[Dialect]:
         """Dialects `target` serves natively: its `api` if pinned, else all its provider's."""
         return [target.api] if target.api else list(self.providers[target.provider].dialects)

@@ -156,7 +156,7 @@ class Gateway:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
         replaced = {name for name, _ in set_headers}
         remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
-        return Forward(attempts, route.path, tuple(set_headers), remove, new_body, decision)
+        return Forward(attempts, tuple(set_headers), remove, new_body, decision)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""

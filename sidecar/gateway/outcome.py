@@ -22,7 +22,6 @@ class Forward:
     `attempts[0]`, each retry (before the response started) to the next cluster."""
 
     attempts: tuple[str, ...]
-    path: str
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: tuple[str, ...]
     body: bytes

@@ -46,6 +46,5 @@ def retarget(runtime: Runtime, route: TargetRoute, body: bytes) -> Retarget:
     set_headers = [(":path", route.path), ("content-length", str(len(new_body)))]
     if route.credential is not None:
         set_headers.append(route.credential)
-    keep = route.credential[0] if route.credential else None
-    remove = tuple(sorted(h for h in runtime.credential_headers if h != keep))
-    return Retarget(tuple(set_headers), remove, new_body)
+    own = route.credential[0] if route.credential else None
+    return Retarget(tuple(set_headers), runtime.retry_removals[own], new_body)

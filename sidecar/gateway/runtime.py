@@ -36,7 +36,7 @@ def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str],
     """The group's time bounds as Envoy router headers (the route is shared by all groups):
     the per-attempt timeout to response headers, and the deadline of the whole request."""
     fallback = config.models[group].fallback
-    deadline = fallback.deadline_seconds or config.limits.request_timeout_seconds
+    deadline = config.deadline_seconds(config.models[group])
     return (
         ("x-envoy-upstream-rq-per-try-timeout-ms",
          str(max(1, round(fallback.per_try_timeout_seconds * 1000)))),
@@ -87,10 +87,15 @@ class Runtime:
         self.routes: dict[tuple[str, int, Dialect], TargetRoute] = {}
         # The same routes by (cluster, dialect), for retargeting a retry to its cluster.
         self.cluster_routes: dict[tuple[str, Dialect], TargetRoute] = {}
+        # Envoy cluster name → ``provider/model_ref`` and → model group, for access logs.
+        self.cluster_targets: dict[str, str] = {}
+        self.cluster_groups: dict[str, str] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
                 cluster = target_cluster_name(group_name, index, target.provider)
+                self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
+                self.cluster_groups[cluster] = group_name
                 for dialect in config.target_dialects(target):
                     base_path = urlsplit(provider.base_url_for(dialect)).path.rstrip("/")
                     header = None
@@ -103,28 +108,13 @@ class Runtime:
                     self.cluster_routes[(cluster, dialect)] = route
         # Every header that carries some provider's key: a retry to another provider must
         # not carry the previous target's key along.
-        self.credential_headers = frozenset(
-            route.credential[0] for route in self.routes.values() if route.credential)
+        credential_headers = {route.credential[0] for route in self.routes.values()
+                              if route.credential}
+        # What a retry to a target removes: every other provider's key header.
+        self.retry_removals: dict[str | None, tuple[str, ...]] = {
+            own: tuple(sorted(credential_headers - {own}))
+            for own in (None, *credential_headers)}
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
-
-    @property
-    def cluster_targets(self) -> dict[str, str]:
-        """Envoy cluster name → ``provider/model_ref``, for reading access logs."""
-        return {
-            target_cluster_name(group_name, index, target.provider):
-                f"{target.provider}/{target.model_ref}"
-            for group_name, group in self.config.models.items()
-            for index, target in enumerate(group.targets)
-        }
-
-    @property
-    def cluster_groups(self) -> dict[str, str]:
-        """Envoy cluster name → model group."""
-        return {
-            target_cluster_name(group_name, index, target.provider): group_name
-            for group_name, group in self.config.models.items()
-            for index, target in enumerate(group.targets)
-        }
 
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]
