@@ -30,6 +30,18 @@ COMPLETION = json.dumps({
     "usage": {"prompt_tokens": 250, "completion_tokens": 10, "total_tokens": 260}})
 
 
+# LiteLLM insists on a master key of this shape; every row of a comparison uses it.
+TOKEN = "sk-bench-0123456789abcdef0123456789abcdef"
+
+
+def status_mb(pid: int, field: str) -> float:
+    """A memory figure (kB in /proc/<pid>/status, such as VmRSS or VmHWM) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -68,12 +80,7 @@ class Processes:
 
     def peak_rss_mb(self, name: str) -> float:
         process = self.named.get(name)
-        if process is None:
-            return 0.0
-        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return status_mb(process.pid, "VmHWM") if process is not None else 0.0
 
     def stop(self) -> None:
         for process in reversed(self.named.values()):
@@ -135,22 +142,14 @@ def _envoy(workdir: Path, name: str, routes: list[dict], clusters: list[dict]) -
     return process, port
 
 
-class _Stoppable:
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.process = process
-
-    def stop(self) -> None:
-        Processes({"provider": self.process}).stop()
-
-
-def fast_provider(workdir: Path) -> tuple[_Stoppable, int]:
+def fast_provider(workdir: Path) -> tuple[Processes, int]:
     """An Envoy that answers every request with a fixed OpenAI chat completion."""
     route = {"match": {"prefix": "/"}, "direct_response": {
         "status": 200, "body": {"inline_string": COMPLETION}},
         "response_headers_to_add": [{"header": {"key": "content-type",
                                                 "value": "application/json"}}]}
     process, port = _envoy(workdir, "fast_provider", [route], [])
-    return _Stoppable(process), port
+    return Processes({"provider": process}), port
 
 
 def start_envoy_direct(workdir: Path, fast_port: int, drip_port: int) -> tuple[Processes, int]:

@@ -18,22 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-from bench_processes import fast_provider, sidecar_stack
+from bench_processes import TOKEN, fast_provider, sidecar_stack, status_mb
 from mode_runner import publish
 from wrk_load import run_wrk
 
 from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import FakeProvider
 
-TOKEN = "sk-bench-0123456789abcdef0123456789abcdef"
 CONVERSATIONS = 10_000
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> int:
@@ -59,10 +51,10 @@ def main() -> int:
             def sample() -> None:
                 started = time.monotonic()
                 while not done.wait(10):
-                    samples.append((time.monotonic() - started, rss_mb(pid)))
+                    samples.append((time.monotonic() - started, status_mb(pid, "VmRSS")))
 
             sampler = threading.Thread(target=sample, daemon=True)
-            start_rss = rss_mb(pid)
+            start_rss = status_mb(pid, "VmRSS")
             sampler.start()
             # wrk cycles conversations per thread (2 threads), so 10,000 across both
             result = run_wrk(port, "/v1/chat/completions", "adaptive-agent", TOKEN,

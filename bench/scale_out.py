@@ -16,14 +16,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench_processes import fast_provider, sidecar_stack
+from bench_processes import TOKEN, fast_provider, sidecar_stack
 from mode_runner import publish
 from wrk_load import run_wrk
 
 from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import FakeProvider
 
-TOKEN = "sk-bench-0123456789abcdef0123456789abcdef"
 COUNTS = (1, 2, 3)
 
 

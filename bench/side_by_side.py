@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_processes import (
+    TOKEN,
     Processes,
     fast_provider,
     litellm_command,
@@ -48,8 +49,6 @@ from wrk_load import run_wrk
 from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
-# LiteLLM insists on a master key of this shape; every row authenticates the same token.
-TOKEN = "sk-bench-0123456789abcdef0123456789abcdef"
 STREAM_EVENTS = 20
 EVENT_SPACING_MS = 10.0
 CHAT_PATH = "/v1/chat/completions"
