@@ -116,16 +116,27 @@ def _cluster(name: str, port: int) -> dict:
                                                              "port_value": port}}}}]}]}}
 
 
-def _envoy(workdir: Path, name: str, routes: list[dict], clusters: list[dict]) -> tuple[
-        subprocess.Popen, int]:
+# A provider must read the whole request before it answers: an Envoy that answers from a
+# direct response as soon as the headers arrive closes the HTTP/1.1 connection (the body is
+# still in flight), and every proxied row would then pay a new upstream connection per request,
+# which no real provider makes it do.
+_READ_WHOLE_REQUEST = {"name": "envoy.filters.http.buffer", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+    "max_request_bytes": 4 * 1024 * 1024}}
+
+
+def _envoy(workdir: Path, name: str, routes: list[dict], clusters: list[dict],
+           read_whole_request: bool = False) -> tuple[subprocess.Popen, int]:
     port = free_port()
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
                  ".v3.HttpConnectionManager",
         "stat_prefix": name,
         "route_config": {"virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}]},
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+        "http_filters": [*([_READ_WHOLE_REQUEST] if read_whole_request else []),
+                         {"name": "envoy.filters.http.router", "typed_config": {
+                             "@type": "type.googleapis.com/envoy.extensions.filters.http.router"
+                                      ".v3.Router"}}]}
     document = {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1",
                                                  "port_value": free_port()}}},
@@ -148,7 +159,7 @@ def fast_provider(workdir: Path) -> tuple[Processes, int]:
         "status": 200, "body": {"inline_string": COMPLETION}},
         "response_headers_to_add": [{"header": {"key": "content-type",
                                                 "value": "application/json"}}]}
-    process, port = _envoy(workdir, "fast_provider", [route], [])
+    process, port = _envoy(workdir, "fast_provider", [route], [], read_whole_request=True)
     return Processes({"provider": process}), port
 
 
