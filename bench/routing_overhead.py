@@ -7,7 +7,7 @@
    (a static route), and through Envoy + sidecar (`sidecar up --config`). The difference
    between the last two is what routing costs a caller.
 
-Usage:  .venv/bin/python bench/routing_overhead.py [--requests 500] [--output FILE]
+Usage:  .venv/bin/python bench/routing_overhead.py [--requests 1000] [--rounds 10] [--output FILE]
 Prints a Markdown table; with --output also writes it (bench/results/ is the usual place).
 Loopback only; every process it starts it also stops.
 """
@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_processes import wait_http
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from mode_runner import publish
@@ -33,6 +34,7 @@ from sidecar.config import load_config_text
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import FakeProvider
 from sidecar.devstack.stack import start_envoy
+from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
 from sidecar.process import keep_large_buffers_in_heap
@@ -81,7 +83,9 @@ def in_process_cost(body: bytes, rounds: int) -> float:
         stream = processor.stream()
         for raw in wire:  # parse from bytes and serialize the answer, as on the wire
             response, done = stream.step(ext.ProcessingRequest.FromString(raw))
-            if response is not None:
+            if isinstance(response, BodyAnswer):
+                response.wire_parts()  # body answers are framed from their pieces
+            elif response is not None:
                 response.SerializeToString()
             if done:
                 break
@@ -150,36 +154,48 @@ def summarize(latencies: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
 
 
-def end_to_end(bodies: dict[str, tuple[bytes, int]]) -> dict[str, dict[str, tuple[float, float]]]:
-    """p50/p99 per body label (body, request count) for the three paths."""
-    results: dict[str, dict[str, tuple[float, float]]] = {label: {} for label in bodies}
+def end_to_end(bodies: dict[str, tuple[bytes, int]], rounds: int
+               ) -> dict[str, dict[str, tuple[float, float]]]:
+    """p50/p99 per body label (body, request count) for the three paths. All three run at
+    once and take turns in `rounds` batches, so drift (other load, CPU clock) hits every
+    path alike instead of whichever ran last."""
     path = "/bench/v1/chat/completions"
-
-    def run(port: int, request_path: str, token: str, path_name: str, direct: bool) -> None:
-        for label, (body, count) in bodies.items():
-            sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
-            results[label][path_name] = summarize(asyncio.run(
-                timed_requests(port, request_path, sent, count, token)))
-
     with ProviderThread([FakeProvider("bench", api_key="k")]) as providers, \
             tempfile.TemporaryDirectory() as workdir:
-        run(providers.server.port, path, "k", "provider direct", direct=True)
         envoy_file = Path(workdir) / "envoy.json"
         listen, admin = free_port(), free_port()
         envoy_file.write_text(envoy_only_config(listen, admin, providers.server.port))
+        config = Path(workdir) / "config.yaml"
+        config.write_text(config_text(providers.base_url("bench")))
         envoy = start_envoy(envoy_file, "error")
         try:
-            time.sleep(1.5)
-            run(listen, path, "k", "Envoy direct", direct=True)
+            wait_http(listen)
+            with UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"}).running() as up:
+                paths = {  # name: (port, request path, token, body rewritten for the provider)
+                    "provider direct": (providers.server.port, path, "k", True),
+                    "Envoy direct": (listen, path, "k", True),
+                    "Envoy + sidecar (dynamic_score)": (up.listen_port, "/v1/chat/completions",
+                                                        TOKEN, False),
+                }
+                return {label: _alternate(paths, body, count, rounds)
+                        for label, (body, count) in bodies.items()}
         finally:
             envoy.terminate()
             envoy.wait(10)
-        config = Path(workdir) / "config.yaml"
-        config.write_text(config_text(providers.base_url("bench")))
-        with UpProcess(["--config", str(config)], env={"BENCH_KEY": "k"}).running() as up:
-            run(up.listen_port, "/v1/chat/completions", TOKEN,
-                "Envoy + sidecar (dynamic_score)", direct=False)
-    return results
+
+
+def _alternate(paths: dict[str, tuple[int, str, str, bool]], body: bytes, count: int,
+               rounds: int) -> dict[str, tuple[float, float]]:
+    latencies: dict[str, list[float]] = {name: [] for name in paths}
+    batch = max(1, count // rounds)
+    for port, request_path, token, direct in paths.values():  # warm every path
+        sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
+        asyncio.run(timed_requests(port, request_path, sent, 5, token))
+    for _ in range(rounds):
+        for name, (port, request_path, token, direct) in paths.items():
+            sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
+            latencies[name] += asyncio.run(timed_requests(port, request_path, sent, batch, token))
+    return {name: summarize(values) for name, values in latencies.items()}
 
 
 def image_body(size: int) -> bytes:
@@ -194,7 +210,9 @@ def image_body(size: int) -> bytes:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="batches per path, taken in turns")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
@@ -203,12 +221,13 @@ def main() -> int:
     for label, size, rounds in [("1 KB", 1024, 3000), ("16 KB", 16384, 1000),
                                 ("1 MB", 1024 * 1024, 100)]:
         lines.append(f"| {label} | {in_process_cost(chat_body(size), rounds):.0f} |")
-    big = max(20, args.requests // 5)
+    big = max(20, args.requests // 3)
     bodies = {"1 KB chat": (chat_body(1024), args.requests),
               "1 MB prompt + base64 image": (image_body(1024 * 1024), big)}
-    for label, paths in end_to_end(bodies).items():
+    for label, paths in end_to_end(bodies, args.rounds).items():
         count = bodies[label][1]
-        lines += ["", f"## Latency at concurrency 1, {label}, {count} requests", "",
+        lines += ["", f"## Latency at concurrency 1, {label}, {count} requests per path "
+                  f"in {args.rounds} alternating batches", "",
                   "| path | p50 ms | p99 ms |", "| --- | --- | --- |"]
         lines += [f"| {name} | {p50:.2f} | {p99:.2f} |" for name, (p50, p99) in paths.items()]
         base, routed = paths["Envoy direct"], paths["Envoy + sidecar (dynamic_score)"]

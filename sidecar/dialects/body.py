@@ -1,9 +1,20 @@
 """Parse a JSON request body once and rewrite its top-level `model` without re-serialising.
 
 Re-serialising a parsed body costs time in proportion to its size (a 1 MB prompt or image
-takes milliseconds) and changes bytes the caller sent. Instead the top-level object is walked
-with the standard library's C scanner, member by member, which parses exactly once and
-remembers where the `model` value's text is; the rewrite then splices one JSON string in.
+takes milliseconds) and changes bytes the caller sent. Instead the rewrite splices one JSON
+string in at the byte span of the top-level `model` value. Two ways find that span:
+
+- **Fast (bodies from 8 KiB):** a walk over the raw bytes that jumps from
+  token to token (quotes and brackets; a string is skipped with one `find` per quote) and
+  only looks at keys of the top-level object, then a full validating parse by pydantic-core's
+  JSON parser (Rust), which reads a 1 MB base64 image about 8× faster than the standard
+  library. The walk has a token budget proportional to the body's size, so bodies made of
+  many small strings, where a Python-level walk would be slower, go the other way.
+- **Exact fallback:** the standard library's C scanner walks the top-level object member by
+  member. It also decides every error message and every case the fast parser refuses but
+  the standard library accepts (lone surrogate escapes).
+
+Both give the same payload and span (property-tested against each other).
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ import re
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
+
+from pydantic_core import from_json
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
@@ -32,39 +45,142 @@ _SCAN = _DECODER.scan_once
 @dataclass(frozen=True, slots=True)
 class ParsedBody:
     payload: dict[str, Any]
-    text: str
-    model_span: tuple[int, int] | None
+    raw: bytes
+    model_span: tuple[int, int] | None  # byte offsets of the top-level "model" string value
 
     def with_model(self, model_ref: str) -> bytes:
         """The body with its top-level "model" string replaced by `model_ref`."""
-        encoded = json.dumps(model_ref)
+        return b"".join(self.model_replaced(model_ref))
+
+    def model_replaced(self, model_ref: str) -> tuple[bytes | memoryview, ...]:
+        """The same body as pieces to be sent one after another (views of the original
+        around the new value), so a large body is not copied to be rewritten."""
         if self.model_span is None:
-            payload = {**self.payload, "model": model_ref}
-            return json.dumps(payload).encode()
+            return (json.dumps({**self.payload, "model": model_ref}).encode(),)
         start, end = self.model_span
-        return (self.text[:start] + encoded + self.text[end:]).encode()
+        view = memoryview(self.raw)
+        return view[:start], json.dumps(model_ref).encode(), view[end:]
 
 
 def parse_body(body: bytes) -> ParsedBody:
+    if len(body) < _FAST_FROM_BYTES:  # small bodies: the C scanner is quicker outright
+        return _parse_exact(body)
+    return _parse_fast(body) or _parse_exact(body)
+
+
+def _parse_exact(body: bytes) -> ParsedBody:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise BodyError("Request body is not valid JSON (not UTF-8)") from None
     try:
-        return _parse_object(text)
+        payload, span = _parse_object(text)
     except RecursionError:
         raise BodyError("Request body is nested too deeply") from None
     except (ValueError, StopIteration, IndexError) as exc:
         if isinstance(exc, BodyError):
             raise
         raise BodyError("Request body is not valid JSON") from None
+    if span is not None and len(text) != len(body):  # character offsets → byte offsets
+        start = len(text[:span[0]].encode())
+        span = (start, start + len(text[span[0]:span[1]].encode()))
+    return ParsedBody(payload, body, span)
 
+
+# --- fast path -----------------------------------------------------------------------------
+
+_TOKEN = re.compile(rb'["{}\[\]]')
+_SPACE = re.compile(rb"[ \t\n\r]*")
+_FAST_FROM_BYTES = 8 * 1024
+_MIN_BUDGET = 64
+_BYTES_PER_TOKEN = 2048
+
+
+class _Malformed(Exception):
+    """The walk met something that is not JSON; the exact path will say what."""
+
+
+def _parse_fast(body: bytes, budget: int | None = None) -> ParsedBody | None:
+    """None when the walk ran out of budget (by default proportional to the body's size) or
+    the body is not (fast-parseable) JSON."""
+    if budget is None:
+        budget = _MIN_BUDGET + len(body) // _BYTES_PER_TOKEN
+    try:
+        span = _top_level_model_span(body, budget)
+    except (_Malformed, IndexError, ValueError):
+        return None
+    if span is False:
+        return None
+    try:
+        payload = from_json(body, allow_inf_nan=False)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    if not isinstance(payload.get("model"), str):
+        span = None
+    return ParsedBody(payload, body, span)
+
+
+def _string_end(raw: bytes, quote: int) -> int:
+    """Index just past the string that opens at `quote`."""
+    index = quote
+    while True:
+        index = raw.find(b'"', index + 1)
+        if index < 0:
+            raise _Malformed
+        before = index - 1
+        while raw[before] == 0x5C:  # backslash
+            before -= 1
+        if (index - 1 - before) % 2 == 0:
+            return index + 1
+
+
+def _is_model(key: bytes) -> bool:
+    return key == b'"model"' or (b"\\" in key and json.loads(key) == "model")
+
+
+def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | bool | None:
+    """Byte span of the last top-level "model" string value, None if there is none, False
+    if the body has more tokens than `budget`. Assumes JSON; validity is checked after."""
+    depth = 0
+    span: tuple[int, int] | None = None
+    index = 0
+    search, space = _TOKEN.search, _SPACE.match
+    while (found := search(raw, index)) is not None:
+        budget -= 1
+        if budget < 0:
+            return False
+        index = found.start()
+        char = raw[index]
+        if char == 0x22:  # a string
+            end = _string_end(raw, index)
+            if depth == 1:
+                colon = space(raw, end).end()
+                if raw[colon:colon + 1] == b":":  # a member name of the top-level object
+                    value = space(raw, colon + 1).end()
+                    if _is_model(raw[index:end]):
+                        span = None
+                        if raw[value:value + 1] == b'"':
+                            span = (value, _string_end(raw, value))
+                            index = span[1]
+                            continue
+                    index = value
+                    continue
+            index = end
+        else:
+            depth += 1 if char in (0x7B, 0x5B) else -1  # { [ open, } ] close
+            index += 1
+    return span
+
+
+# --- exact path ----------------------------------------------------------------------------
 
 def _skip(text: str, index: int) -> int:
     return _WHITESPACE.match(text, index).end()  # type: ignore[union-attr]
 
 
-def _parse_object(text: str) -> ParsedBody:
+def _parse_object(text: str) -> tuple[dict[str, Any], tuple[int, int] | None]:
     index = _skip(text, 0)
     if text[index:index + 1] != "{":
         _DECODER.decode(text)  # raises if not JSON at all
@@ -73,8 +189,9 @@ def _parse_object(text: str) -> ParsedBody:
     span: tuple[int, int] | None = None
     index = _skip(text, index + 1)
     if text[index:index + 1] == "}":
-        return ParsedBody(payload, text, None) if _skip(text, index + 1) == len(text) else (
-            _raise_extra())
+        if _skip(text, index + 1) != len(text):
+            _raise_extra()
+        return payload, None
     while True:
         if text[index:index + 1] != '"':
             raise ValueError("expected a member name")
@@ -96,8 +213,8 @@ def _parse_object(text: str) -> ParsedBody:
         index = _skip(text, index + 1)
     if _skip(text, index + 1) != len(text):
         _raise_extra()
-    return ParsedBody(payload, text, span)
+    return payload, span
 
 
-def _raise_extra() -> ParsedBody:
+def _raise_extra() -> None:
     raise ValueError("extra data after the JSON object")

@@ -27,7 +27,8 @@ log = logging.getLogger("sidecar.extproc")
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD = "Process"
 
-Step = tuple[ext.ProcessingResponse | None, bool]  # (response to send, stream done)
+# (answer to send, stream done)
+Step = tuple[ext.ProcessingResponse | messages.BodyAnswer | None, bool]
 
 
 class ExternalProcessor:
@@ -62,9 +63,11 @@ class ProcessStream:
         self._route: TargetRoute | None = None
         self._closed = False
 
-    def on_message(self, call: Call, payload: bytes) -> None:
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         response, done = self.step(ext.ProcessingRequest.FromString(payload))
-        if response is not None:
+        if isinstance(response, messages.BodyAnswer):
+            call.send_parts(response.wire_parts())
+        elif response is not None:
             call.send(response.SerializeToString())
         if done:
             call.finish()

@@ -142,10 +142,10 @@ class Gateway:
                   for choice in decision.ordered[:allowed]]
         attempts = tuple(target.cluster for target in chosen)
         route = chosen[0]
-        new_body = parsed.with_model(route.model_ref)
+        new_body = parsed.model_replaced(route.model_ref)
         set_headers = [
             (":path", route.path),
-            ("content-length", str(len(new_body))),
+            ("content-length", str(sum(map(len, new_body)))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
             *self._runtime.attempt_headers[model],

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from sidecar.routing.decision import Decision
 
+# A body as pieces sent one after another (see ParsedBody.model_replaced).
+BodyParts = tuple[bytes | memoryview, ...]
+
 
 @dataclass(frozen=True, slots=True)
 class Reply:
@@ -24,8 +27,12 @@ class Forward:
     attempts: tuple[str, ...]
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: tuple[str, ...]
-    body: bytes
+    body_parts: BodyParts
     decision: Decision
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.body_parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,4 +41,8 @@ class Retarget:
 
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: tuple[str, ...]
-    body: bytes
+    body_parts: BodyParts
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.body_parts)

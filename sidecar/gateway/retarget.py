@@ -40,10 +40,10 @@ def attempt_route(runtime: Runtime, cluster: str, path: str) -> TargetRoute:
 
 def retarget(runtime: Runtime, route: TargetRoute, body: bytes) -> Retarget:
     try:
-        new_body = parse_body(body).with_model(route.model_ref)
+        new_body = parse_body(body).model_replaced(route.model_ref)
     except BodyError as exc:
         raise RetargetError(f"retry body unreadable: {exc}") from None
-    set_headers = [(":path", route.path), ("content-length", str(len(new_body)))]
+    set_headers = [(":path", route.path), ("content-length", str(sum(map(len, new_body))))]
     if route.credential is not None:
         set_headers.append(route.credential)
     own = route.credential[0] if route.credential else None

@@ -7,7 +7,7 @@ task, no queue and no await. A handler answers from inside `on_message` by calli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 5, 8, 12, 
 class Handler(Protocol):
     """What a method does with one call. Exceptions end the call with INTERNAL."""
 
-    def on_message(self, call: Call, payload: bytes) -> None: ...
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
+        """`payload` may be a view of the connection's buffer, valid only during the call:
+        parse it (or copy it) before returning."""
 
     def on_half_close(self, call: Call) -> None:
         """The client sent its last message; finish now unless the method streams on."""
@@ -54,7 +56,12 @@ class Call:
     def send(self, message: bytes) -> None:
         """Send one response message (serialized protobuf)."""
         if not self.finished:
-            self._connection.send_message(self, message)
+            self._connection.send_message(self, (message,))
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send one response message given as pieces, framed without joining them."""
+        if not self.finished:
+            self._connection.send_message(self, parts)
 
     def finish(self, status: int = OK, message: str = "") -> None:
         """End the call with a gRPC status; later sends and finishes are ignored."""

@@ -224,14 +224,15 @@ class Connection(FrameWriter, asyncio.Protocol):
             elif compressed:
                 self._end(call, UNIMPLEMENTED, "compressed messages are not supported")
             elif available - used - 5 >= size:
-                message = bytes(data[used + 5:used + 5 + size])
+                # A view, not a copy: handlers parse the message before they return.
+                message = data[used + 5:used + 5 + size]
                 used += 5 + size
                 self._dispatch(call, message)
                 continue
             break
         return used
 
-    def _dispatch(self, call: Call, message: bytes | None) -> None:
+    def _dispatch(self, call: Call, message: bytes | memoryview | None) -> None:
         """Hand a message (or the client's half-close, None) to the call's handler."""
         handler = call.handler
         if handler is None:

@@ -20,7 +20,7 @@ class _Check:
         self._services = services
         self._watch = watch
 
-    def on_message(self, call: Call, payload: bytes) -> None:
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         service = health_pb2.HealthCheckRequest.FromString(payload).service
         if service in self._services:
             call.send(_SERVING)

@@ -4,6 +4,7 @@ flow control of what we send, and one transport write per socket read."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import Call
@@ -26,12 +27,14 @@ class FrameWriter:
         # The peer shrank its HPACK table: our next header block must say so first.
         self._table_size_update = False
 
-    def send_message(self, call: Call, message: bytes) -> None:
+    def send_message(self, call: Call, parts: Sequence[bytes | memoryview]) -> None:
+        """One gRPC message, whose bytes are `parts` one after another."""
         if not call.headers_sent:
             call.headers_sent = True
             self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id,
                                  self._block(f.RESPONSE_HEADERS))
-        self._send_data(call, f.MESSAGE_PREFIX.pack(0, len(message)) + message)
+        size = sum(map(len, parts))
+        self._send_data(call, (f.MESSAGE_PREFIX.pack(0, size), *parts), 5 + size)
         self._flush_unless_reading()
 
     def finish_call(self, call: Call, status: int, message: str) -> None:
@@ -56,29 +59,47 @@ class FrameWriter:
             return f.TABLE_SIZE_ZERO + block
         return block
 
-    def _send_data(self, call: Call, data: bytes) -> None:
+    def _send_data(self, call: Call, parts: Sequence[bytes | memoryview], size: int) -> None:
         if call.pending_data:
-            call.pending_data += data
+            for part in parts:
+                call.pending_data += part
             return
         # A window can be negative after the peer lowers SETTINGS_INITIAL_WINDOW_SIZE.
-        allowed = max(0, min(len(data), self._send_window, call.send_window))
-        if allowed:
-            self._write_data(call, data, allowed)
-        if allowed < len(data):
-            call.pending_data += data[allowed:]
+        allowed = max(0, min(size, self._send_window, call.send_window))
+        rest = self._write_data(call, parts, allowed) if allowed else 0
+        if allowed < size:
+            for part in parts[rest:]:
+                call.pending_data += part
+            # The part the frames stopped in was written up to its first unsent byte.
+            if rest < len(parts):
+                sent_of_part = allowed - sum(map(len, parts[:rest]))
+                del call.pending_data[:sent_of_part]
             self._blocked[call.id] = call
 
-    def _write_data(self, call: Call, data: bytes, size: int) -> None:
-        """Frame `data[:size]` straight into the output buffer (one copy)."""
+    def _write_data(self, call: Call, parts: Sequence[bytes | memoryview], size: int) -> int:
+        """Frame the first `size` bytes of `parts` straight into the output buffer (one
+        copy; frames may span parts). Returns the index of the part the frames stopped in
+        (len(parts) when all were sent)."""
         self._send_window -= size
         call.send_window -= size
         step = self._peer_max_frame
-        view = memoryview(data)
         out = self._out
-        for offset in range(0, size, step):
-            chunk = view[offset:min(offset + step, size)]
-            out += f.header(f.DATA, 0, call.id, len(chunk))
-            out += chunk
+        frame_left = 0
+        for index, part in enumerate(parts):
+            view = memoryview(part)
+            offset, length = 0, len(view)
+            while offset < length:
+                if size == 0:
+                    return index
+                if frame_left == 0:
+                    frame_left = min(step, size)
+                    out += f.header(f.DATA, 0, call.id, frame_left)
+                taken = min(frame_left, length - offset)
+                out += view[offset:offset + taken]
+                offset += taken
+                frame_left -= taken
+                size -= taken
+        return len(parts)
 
     def _drain_blocked(self) -> None:
         for call in list(self._blocked.values()):
@@ -91,7 +112,7 @@ class FrameWriter:
         allowed = min(len(pending), self._send_window, call.send_window)
         if allowed <= 0:
             return
-        self._write_data(call, bytes(pending[:allowed]), allowed)
+        self._write_data(call, (bytes(pending[:allowed]),), allowed)
         del pending[:allowed]
         if pending:
             return

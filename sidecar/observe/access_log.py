@@ -160,7 +160,7 @@ class AccessLogStream:
         self._receiver = receiver
         self._per_attempt = False
 
-    def on_message(self, call: Call, payload: bytes) -> None:
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         message = als_pb2.StreamAccessLogsMessage.FromString(payload)
         if message.HasField("identifier"):
             self._per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 from google.protobuf.internal import api_implementation
 
 from sidecar.config import load_config_text
+from sidecar.extproc import messages
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
 
@@ -144,3 +145,21 @@ def test_a_retry_that_cannot_be_rewritten_is_refused_not_sent_with_the_old_key()
     _, unreadable = run(attempt_headers("target__g__1__other", "/v1/chat/completions"),
                         body_message(b"not json"))
     assert unreadable.immediate_response.status.code == 502
+
+
+def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None:
+    """The body leaves as its own field encoding after the rest of the message; a protobuf
+    parser merges the two into exactly the answer built the ordinary way."""
+    body = b'{"messages": [{"content": "' + b"x" * 300_000 + b'"}], "model": "g"}'
+    gateway = Gateway(Runtime(CONFIG, {"K": "provider-key", "K2": "other-key"}))
+    pending = gateway.on_headers(
+        messages.header_map(headers_message("/v1/chat/completions").request_headers), False)
+    outcome = gateway.on_body(pending, body)
+    answer = messages.forward(outcome)
+    assert any(isinstance(part, memoryview) for part in answer.wire_parts())  # not joined
+    ordinary = ext.ProcessingResponse()
+    ordinary.CopyFrom(answer.response)
+    ordinary.request_body.response.body_mutation.body = outcome.body
+    parsed = ext.ProcessingResponse.FromString(answer.SerializeToString())
+    assert parsed == ordinary
+    assert parsed.request_body.response.body_mutation.body == body.replace(b'"g"', b'"real"')

@@ -395,14 +395,17 @@ class FakeTransport:
 class Sender:
     """Sends whatever the test puts in `outgoing` when a message arrives; never finishes."""
 
-    outgoing: ClassVar[list[bytes]] = []
+    outgoing: ClassVar[list[bytes | tuple[bytes | memoryview, ...]]] = []
     cancelled = 0
     last_call: Call | None = None
 
-    def on_message(self, call: Call, payload: bytes) -> None:
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         Sender.last_call = call
         for message in Sender.outgoing:
-            call.send(message)
+            if isinstance(message, tuple):
+                call.send_parts(message)
+            else:
+                call.send(message)
 
     def on_half_close(self, call: Call) -> None: ...
 
@@ -454,6 +457,22 @@ def test_a_negative_send_window_queues_everything_and_loses_nothing() -> None:
     connection.data_received(f.window_update(1, 100))
     sent += data_of(transport.frames(), 1)
     assert sent == expected
+
+
+def test_a_message_sent_as_parts_is_framed_across_them_and_waits_for_window() -> None:
+    """Body answers go out as pieces (no join); frames span the pieces, never exceed the
+    peer's frame size, and what the window holds back follows later, in order."""
+    connection, transport = fake_connection({f.SETTINGS_INITIAL_WINDOW_SIZE: 20_000})
+    parts = (b"a" * 10_000, memoryview(b"b" * 20_000), b"", b"c" * 5)
+    Sender.outgoing = [parts]
+    open_call(connection, 1)
+    frames = [frame for frame in transport.frames() if frame[0] == f.DATA]
+    assert [len(payload) for *_, payload in frames] == [16_384, 3_616]  # the window: 20,000
+    connection.data_received(f.window_update(1, 40_000) + f.window_update(0, 40_000))
+    frames += [frame for frame in transport.frames() if frame[0] == f.DATA]
+    assert all(len(payload) <= 16_384 for *_, payload in frames)
+    assert data_of(frames, 1) == (b"\x00" + struct.pack(">I", 30_005)
+                                  + b"a" * 10_000 + b"b" * 20_000 + b"c" * 5)
 
 
 def test_a_send_made_outside_a_socket_read_is_written_at_once() -> None:

@@ -66,3 +66,66 @@ def test_same_result_as_json_loads_then_set_model(payload, model, pretty) -> Non
     parsed = parse_body(raw)
     assert parsed.payload == payload
     assert json.loads(parsed.with_model(model)) == {**payload, "model": model}
+
+
+# --- the fast path and the exact path agree ---------------------------------------------
+
+from sidecar.dialects import body as body_module  # noqa: E402
+
+_KEYS = st.sampled_from(["model", "messages", "mod\\u0065l", "x", "é", "\"", "\\", ""])
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12) | st.sampled_from(["model", '"model":', "\\\"model\\\":"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["model", "content", "a"]) | st.text(max_size=4), inner, max_size=3),
+    max_leaves=12)
+
+
+def _members(draw_pairs: list[tuple[str, object]], pretty: bool, ascii_only: bool) -> bytes:
+    """A JSON object written member by member, so keys may repeat and use escapes."""
+    parts = []
+    for key, value in draw_pairs:
+        name = f'"{key}"' if "\\u" in key else json.dumps(key, ensure_ascii=ascii_only)
+        parts.append(f"{name}{' : ' if pretty else ':'}"
+                     f"{json.dumps(value, ensure_ascii=ascii_only, indent=1 if pretty else None)}")
+    return ("{" + (",\n " if pretty else ",").join(parts) + "}").encode()
+
+
+_MODEL_MEMBER = st.tuples(st.sampled_from(["model", "mod\\u0065l"]), st.text(max_size=12))
+
+
+@given(st.lists(st.tuples(_KEYS, _VALUES) | _MODEL_MEMBER, max_size=6), st.booleans(),
+       st.booleans(), st.text(max_size=10))
+def test_the_fast_path_gives_what_the_exact_path_gives(pairs, pretty, ascii_only, model) -> None:
+    raw = _members(pairs, pretty, ascii_only)
+    exact = body_module._parse_exact(raw)
+    fast = body_module._parse_fast(raw, budget=10**6)
+    assert fast is not None
+    assert fast.payload == exact.payload
+    assert fast.model_span == exact.model_span
+    assert fast.with_model(model) == exact.with_model(model)
+
+
+def test_a_large_image_body_takes_the_fast_path() -> None:
+    image = "iVBORw0KGgo" * 100_000
+    raw = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": 'say "model": hi \\ there'},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]}],
+        "model": "group", "stream": True}).encode()
+    fast = body_module._parse_fast(raw)
+    assert fast is not None
+    assert fast.with_model("m-a") == raw.replace(b'"model": "group"', b'"model": "m-a"')
+    assert fast.payload == json.loads(raw)
+
+
+def test_bodies_of_many_small_tokens_take_the_exact_path_with_the_same_result() -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": str(n)} for n in range(200)],
+                      "model": "group"}).encode()
+    assert body_module._parse_fast(raw) is None  # 200 messages: over a 4 KB body's budget
+    assert rewrite(raw, "m") == raw.replace(b'"model": "group"', b'"model": "m"')
+
+
+def test_lone_surrogate_escapes_are_accepted_as_the_standard_library_accepts_them() -> None:
+    raw = b'{"model": "g", "messages": [{"content": "\\ud800"}]}'
+    assert parse_body(raw).payload["messages"][0]["content"] == "\ud800"
+    assert rewrite(raw, "m") == raw.replace(b'"g"', b'"m"')
