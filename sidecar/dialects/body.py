@@ -8,8 +8,10 @@ string in at the byte span of the top-level `model` value. Two ways find that sp
   token to token (quotes and brackets; a string is skipped with one `find` per quote) and
   only looks at keys of the top-level object, then a full validating parse by pydantic-core's
   JSON parser (Rust), which reads a 1 MB base64 image about 8× faster than the standard
-  library. The walk has a token budget proportional to the body's size, so bodies made of
-  many small strings, where a Python-level walk would be slower, go the other way.
+  library. The walk has a token budget proportional to the body's size (an escaped quote
+  counts as a token, and a run of backslashes is followed only so far), so bodies made of
+  many small strings or escapes, where a Python-level walk would be slower, go the other
+  way; the walk's work is bounded whatever the body.
 - **Exact fallback:** the standard library's C scanner walks the top-level object member by
   member. It also decides every error message and every case the fast parser refuses but
   the standard library accepts (lone surrogate escapes).
@@ -94,10 +96,15 @@ _SPACE = re.compile(rb"[ \t\n\r]*")
 _FAST_FROM_BYTES = 8 * 1024
 _MIN_BUDGET = 64
 _BYTES_PER_TOKEN = 2048
+_MAX_BACKSLASHES = 64
 
 
 class _Malformed(Exception):
     """The walk met something that is not JSON; the exact path will say what."""
+
+
+class _OverBudget(Exception):
+    """More tokens (or escapes) than the walk may spend; the exact path is quicker."""
 
 
 def _parse_fast(body: bytes, budget: int | None = None) -> ParsedBody | None:
@@ -107,9 +114,7 @@ def _parse_fast(body: bytes, budget: int | None = None) -> ParsedBody | None:
         budget = _MIN_BUDGET + len(body) // _BYTES_PER_TOKEN
     try:
         span = _top_level_model_span(body, budget)
-    except (_Malformed, IndexError, ValueError):
-        return None
-    if span is False:
+    except (_Malformed, _OverBudget, IndexError, ValueError):
         return None
     try:
         payload = from_json(body, allow_inf_nan=False)
@@ -122,8 +127,9 @@ def _parse_fast(body: bytes, budget: int | None = None) -> ParsedBody | None:
     return ParsedBody(payload, body, span)
 
 
-def _string_end(raw: bytes, quote: int) -> int:
-    """Index just past the string that opens at `quote`."""
+def _string_end(raw: bytes, quote: int, budget: int) -> tuple[int, int]:
+    """Index just past the string that opens at `quote`, and the budget left: an escaped
+    quote inside costs a token, and a run of backslashes is looked at only so far."""
     index = quote
     while True:
         index = raw.find(b'"', index + 1)
@@ -132,17 +138,22 @@ def _string_end(raw: bytes, quote: int) -> int:
         before = index - 1
         while raw[before] == 0x5C:  # backslash
             before -= 1
+            if index - before > _MAX_BACKSLASHES:
+                raise _OverBudget
         if (index - 1 - before) % 2 == 0:
-            return index + 1
+            return index + 1, budget
+        budget -= 1
+        if budget < 0:
+            raise _OverBudget
 
 
 def _is_model(key: bytes) -> bool:
     return key == b'"model"' or (b"\\" in key and json.loads(key) == "model")
 
 
-def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | bool | None:
-    """Byte span of the last top-level "model" string value, None if there is none, False
-    if the body has more tokens than `budget`. Assumes JSON; validity is checked after."""
+def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
+    """Byte span of the last top-level "model" string value, None if there is none. Assumes
+    JSON (validity is checked after); raises _OverBudget past `budget` tokens."""
     depth = 0
     span: tuple[int, int] | None = None
     index = 0
@@ -150,11 +161,11 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | bool | N
     while (found := search(raw, index)) is not None:
         budget -= 1
         if budget < 0:
-            return False
+            raise _OverBudget
         index = found.start()
         char = raw[index]
         if char == 0x22:  # a string
-            end = _string_end(raw, index)
+            end, budget = _string_end(raw, index, budget)
             if depth == 1:
                 colon = space(raw, end).end()
                 if raw[colon:colon + 1] == b":":  # a member name of the top-level object
@@ -162,8 +173,9 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | bool | N
                     if _is_model(raw[index:end]):
                         span = None
                         if raw[value:value + 1] == b'"':
-                            span = (value, _string_end(raw, value))
-                            index = span[1]
+                            value_end, budget = _string_end(raw, value, budget)
+                            span = (value, value_end)
+                            index = value_end
                             continue
                     index = value
                     continue

@@ -4,11 +4,11 @@ Facts this relies on (measured on Envoy 1.40, see ARCHITECTURE.md): header value
 set through `raw_value`; a routing header takes effect only with `clear_route_cache`; a
 body mutation needs a matching `content-length`.
 
-A body answer leaves its body out of the protobuf message and is sent as that message's
-bytes followed by the body field's own encoding (`BodyAnswer`): protobuf merges a repeated
-embedded message, so Envoy parses the two as one answer, and a 1 MB body is framed straight
-from the pieces it arrived in instead of being joined, copied into the message, serialized
-and copied again.
+A large body answer (from 64 KiB) leaves its body out of the protobuf message and is sent
+as that message's bytes followed by the body field's own encoding (`BodyAnswer`): protobuf
+merges a repeated embedded message, so Envoy parses the two as one answer, and a 1 MB body
+is framed straight from the pieces it arrived in instead of being joined, copied into the
+message, serialized and copied again.
 """
 
 from __future__ import annotations
@@ -141,23 +141,36 @@ class BodyAnswer:
         return b"".join(self.wire_parts())
 
 
+# Below this size a body goes inside the message: one bytes object is cheaper to frame than
+# pieces, and copying a few KiB costs less than the pieces' bookkeeping.
+_PIECES_FROM_BYTES = 64 * 1024
+
+
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
-                   body: BodyParts, clear_route_cache: bool = False) -> BodyAnswer:
-    """Answer to a buffered request body: header changes and the new body."""
+                   body: BodyParts, clear_route_cache: bool = False
+                   ) -> ext.ProcessingResponse | BodyAnswer:
+    """Answer to a buffered request body: header changes and the new body.
+
+    Built by assigning into nested fields: passing a sub-message to a constructor copies it
+    (with upb, through a serialize/parse round)."""
     response = ext.ProcessingResponse()
     common = response.request_body.response
     common.header_mutation.set_headers.extend(_set(set_headers))
     common.header_mutation.remove_headers.extend(remove_headers)
     common.clear_route_cache = clear_route_cache
+    if sum(map(len, body)) < _PIECES_FROM_BYTES:
+        common.body_mutation.body = b"".join(body)
+        return response
     return BodyAnswer(response, body)
 
 
-def forward(outcome: Forward) -> BodyAnswer:
+def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
     answer = _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
                             clear_route_cache=True)
-    answer.response.dynamic_metadata.CopyFrom(attempt_order(outcome.attempts))
+    message = answer.response if isinstance(answer, BodyAnswer) else answer
+    message.dynamic_metadata.CopyFrom(attempt_order(outcome.attempts))
     return answer
 
 
@@ -165,7 +178,7 @@ def continue_attempt() -> ext.ProcessingResponse:
     return ext.ProcessingResponse(request_headers=ext.HeadersResponse())
 
 
-def retarget(outcome: Retarget) -> BodyAnswer:
+def retarget(outcome: Retarget) -> ext.ProcessingResponse | BodyAnswer:
     """Header mutations made here stay on the request for later attempts, so every
     per-target header is set or removed on every retry (ARCHITECTURE.md)."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts)

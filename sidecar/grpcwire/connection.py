@@ -119,38 +119,75 @@ class Connection(FrameWriter, asyncio.Protocol):
     # --- reading ----------------------------------------------------------------------
 
     def _receive(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        position = 0
+        """Frames are parsed straight from each read (DATA payloads go on as views of it, so
+        a 1 MiB body is copied once, into its call's inbox). Only what a read cuts off, the
+        preface or the start of one frame, waits in `_buffer` for the bytes that complete
+        it, which are taken from the next read alone."""
+        rest: memoryview | None = memoryview(data)
         if not self._preface_seen:
-            if len(buffer) < len(f.PREFACE):
-                return
-            if buffer[:len(f.PREFACE)] != f.PREFACE:
-                raise ProtocolError(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            self._preface_seen = True
-            position = len(f.PREFACE)
-        size = len(buffer)
-        # DATA payloads are handed on as views of the read buffer (a 1 MiB body is copied
-        # once, into its call's inbox); the view is released before the buffer shrinks.
-        # (Slices are passed as temporaries, so none outlives the call it was made for.)
+            rest = self._take_preface(rest)
+        if rest is not None and self._buffer:
+            rest = self._complete_frame(rest)
+        if rest is None or self._transport is None or self._transport.is_closing():
+            return
+        used = self._frames(rest)
+        if used < len(rest):
+            self._buffer += rest[used:]
+
+    def _take_preface(self, data: memoryview) -> memoryview | None:
+        buffer = self._buffer
+        taken = min(len(f.PREFACE) - len(buffer), len(data))
+        buffer += data[:taken]
+        if len(buffer) < len(f.PREFACE):
+            return None
+        if buffer != f.PREFACE:
+            raise ProtocolError(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+        self._preface_seen = True
+        buffer.clear()
+        return data[taken:]
+
+    def _complete_frame(self, data: memoryview) -> memoryview | None:
+        """Fill the frame begun in `_buffer` from `data`; handle it once whole. Returns what
+        is left of `data`, or None while the frame is still incomplete."""
+        buffer = self._buffer
+        if len(buffer) < 9:
+            taken = min(9 - len(buffer), len(data))
+            buffer += data[:taken]
+            data = data[taken:]
+            if len(buffer) < 9:
+                return None
+        length = int.from_bytes(buffer[:3], "big")
+        if length > MAX_FRAME_IN:
+            raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+        taken = min(9 + length - len(buffer), len(data))
+        buffer += data[:taken]
+        if len(buffer) < 9 + length:
+            return None
         with memoryview(buffer) as view:
-            while size - position >= 9:
-                high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(view, position)
-                length = (high << 8) | low
-                if length > MAX_FRAME_IN:
-                    raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
-                start, position = position + 9, position + 9 + length
-                if position > size:
-                    position = start - 9
-                    break
-                if kind == f.DATA and self._continuation is None:
-                    self._on_data(flags, stream_id & 0x7FFFFFFF, view[start:position])
-                else:
-                    self._frame(kind, flags, stream_id & 0x7FFFFFFF,
-                                bytes(view[start:position]))
-                if self._transport is None or self._transport.is_closing():
-                    return
-        _consume(self, "_buffer", position)
+            self._frames(view)
+        _consume(self, "_buffer", len(buffer))
+        return data[taken:]
+
+    def _frames(self, view: memoryview) -> int:
+        """Handle every whole frame at the start of `view`; return the bytes used. (Payload
+        slices are passed as temporaries, so none outlives the call it was made for.)"""
+        position, size = 0, len(view)
+        while size - position >= 9:
+            high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(view, position)
+            length = (high << 8) | low
+            if length > MAX_FRAME_IN:
+                raise ProtocolError(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+            start, end = position + 9, position + 9 + length
+            if end > size:
+                break
+            position = end
+            if kind == f.DATA and self._continuation is None:
+                self._on_data(flags, stream_id & 0x7FFFFFFF, view[start:end])
+            else:
+                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(view[start:end]))
+            if self._transport is None or self._transport.is_closing():
+                break
+        return position
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and kind != f.CONTINUATION:

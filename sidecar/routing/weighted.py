@@ -45,14 +45,22 @@ class WeightedRotation:
             if weight <= 0:
                 continue
             share = weight / total
-            # Rounded so that rational shares return exactly to zero after a full cycle and
-            # float noise never decides a tie (ties go to the earlier target).
-            deficit = self._deficit[index] = round(self._deficit[index] + share, _DIGITS)
+            # Rounded, and snapped to zero when within the tie margin, so that rational
+            # shares return exactly to zero after a full cycle (rounding alone leaves
+            # ~1e-11 per cycle, which adds up until a near-tie goes the other way and the
+            # cycle stops repeating) and float noise never decides a tie (ties go to the
+            # earlier target).
+            deficit = self._deficit[index] = _settled(self._deficit[index] + share)
             due = (sigma - deficit) / share  # decisions until this turn is late
             if fallback < 0 or due < fallback_key - _TIE:
                 fallback, fallback_key = index, due
             if deficit >= 1.0 - sigma - _TIE and (best < 0 or due < best_key - _TIE):
                 best, best_key = index, due
         chosen = best if best >= 0 else fallback
-        self._deficit[chosen] = round(self._deficit[chosen] - 1.0, _DIGITS)
+        self._deficit[chosen] = _settled(self._deficit[chosen] - 1.0)
         return chosen
+
+
+def _settled(deficit: float) -> float:
+    deficit = round(deficit, _DIGITS)
+    return 0.0 if -_TIE < deficit < _TIE else deficit

@@ -156,7 +156,10 @@ def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None
         messages.header_map(headers_message("/v1/chat/completions").request_headers), False)
     outcome = gateway.on_body(pending, body)
     answer = messages.forward(outcome)
+    assert isinstance(answer, messages.BodyAnswer)
     assert any(isinstance(part, memoryview) for part in answer.wire_parts())  # not joined
+    small = gateway.on_body(pending, b'{"model": "g"}')
+    assert isinstance(messages.forward(small), ext.ProcessingResponse)  # body inside
     ordinary = ext.ProcessingResponse()
     ordinary.CopyFrom(answer.response)
     ordinary.request_body.response.body_mutation.body = outcome.body

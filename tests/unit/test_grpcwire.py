@@ -5,6 +5,7 @@ far larger than any window, errors, cancellation and graceful stop."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import struct
 import threading
@@ -396,11 +397,13 @@ class Sender:
     """Sends whatever the test puts in `outgoing` when a message arrives; never finishes."""
 
     outgoing: ClassVar[list[bytes | tuple[bytes | memoryview, ...]]] = []
+    received: ClassVar[list[bytes]] = []
     cancelled = 0
     last_call: Call | None = None
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         Sender.last_call = call
+        Sender.received.append(bytes(payload))
         for message in Sender.outgoing:
             if isinstance(message, tuple):
                 call.send_parts(message)
@@ -473,6 +476,30 @@ def test_a_message_sent_as_parts_is_framed_across_them_and_waits_for_window() ->
     assert all(len(payload) <= 16_384 for *_, payload in frames)
     assert data_of(frames, 1) == (b"\x00" + struct.pack(">I", 30_005)
                                   + b"a" * 10_000 + b"b" * 20_000 + b"c" * 5)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=40_000), max_size=12))
+def test_frames_cut_anywhere_by_the_reads_arrive_whole(cuts: list[int]) -> None:
+    """Frames are parsed straight from each read; only a cut-off frame waits for the bytes
+    that complete it. Wherever the reads cut, messages and control frames arrive intact."""
+    from sidecar.grpcwire.connection import Connection
+    server = GrpcServer(max_message_bytes=1 << 20)
+    server.add_method(SERVICE, "Send", Sender)
+    connection, transport = Connection(server), FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    message = bytes(range(256)) * 100
+    framed = b"\x00" + struct.pack(">I", len(message)) + message
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"),
+                                    (":path", f"/{SERVICE}/Send"), (":authority", "x")])
+    wire = (f.PREFACE + f.settings({}) + f.frame(f.HEADERS, f.END_HEADERS, 1, block)
+            + f.frame(f.DATA, 0, 1, framed[:9_000]) + f.frame(f.PING, 0, 0, b"12345678")
+            + f.frame(f.DATA, f.END_STREAM, 1, framed[9_000:]))
+    Sender.received, Sender.outgoing = [], []
+    points = sorted({0, len(wire), *(cut % len(wire) for cut in cuts)})
+    for start, end in itertools.pairwise(points):
+        connection.data_received(wire[start:end])
+    assert Sender.received == [message]
+    assert (f.PING, f.ACK, 0, b"12345678") in transport.frames()
 
 
 def test_a_send_made_outside_a_socket_read_is_written_at_once() -> None:

@@ -129,3 +129,13 @@ def test_lone_surrogate_escapes_are_accepted_as_the_standard_library_accepts_the
     raw = b'{"model": "g", "messages": [{"content": "\\ud800"}]}'
     assert parse_body(raw).payload["messages"][0]["content"] == "\ud800"
     assert rewrite(raw, "m") == raw.replace(b'"g"', b'"m"')
+
+
+@pytest.mark.parametrize("content", [
+    '\\"' * 200_000,  # escaped quotes: each one costs the walk a token
+    "\\" * 300_000,  # one long run of backslashes before the closing quote
+])
+def test_escape_heavy_bodies_leave_the_walk_early_and_parse_exactly(content: str) -> None:
+    raw = json.dumps({"messages": [{"content": content}], "model": "g"}).encode()
+    assert body_module._parse_fast(raw) is None
+    assert rewrite(raw, "m") == raw.replace(b'"model": "g"', b'"model": "m"')
