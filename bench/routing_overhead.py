@@ -2,12 +2,14 @@
 
 1. In-process CPU cost of the sidecar's per-request work (ext_proc adapter + gateway +
    routing, real upb messages, no network) for 1 KB, 16 KB and 1 MB request bodies.
-2. End-to-end latency at concurrency 1 on loopback, for a 1 KB chat body and for a 1 MB
-   body (long prompt + base64 image): a demo provider called directly, through Envoy alone
-   (a static route), and through Envoy + sidecar (`sidecar up --config`). The difference
-   between the last two is what routing costs a caller.
+2. End-to-end latency at concurrency 1 on loopback, for a 1 KB chat body, for a 1 MB body
+   (long prompt + base64 image) and to the first event of a streamed chat: a demo provider
+   called directly, through Envoy alone (a static route), and through Envoy + sidecar
+   (`sidecar up --config`), taking turns in batches. The difference between the last two
+   is what routing costs a caller.
 
-Usage:  .venv/bin/python bench/routing_overhead.py [--requests 1000] [--rounds 10] [--output FILE]
+Usage:  .venv/bin/python bench/routing_overhead.py [--requests 1000] [--rounds 10]
+        [--streams 200] [--output FILE]
 Prints a Markdown table; with --output also writes it (bench/results/ is the usual place).
 Loopback only; every process it starts it also stops.
 """
@@ -29,6 +31,7 @@ from bench_processes import wait_http
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from mode_runner import publish
+from stream_probe import probe_streams
 
 from sidecar.config import load_config_text
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
@@ -40,6 +43,7 @@ from sidecar.gateway import Gateway, Runtime
 from sidecar.process import keep_large_buffers_in_heap
 
 TOKEN = "bench-token"
+STREAMS = "streamed chat, time to the first event"
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 
 
@@ -154,7 +158,7 @@ def summarize(latencies: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
 
 
-def end_to_end(bodies: dict[str, tuple[bytes, int]], rounds: int
+def end_to_end(bodies: dict[str, tuple[bytes, int]], rounds: int, streams: int
                ) -> dict[str, dict[str, tuple[float, float]]]:
     """p50/p99 per body label (body, request count) for the three paths. All three run at
     once and take turns in `rounds` batches, so drift (other load, CPU clock) hits every
@@ -177,8 +181,10 @@ def end_to_end(bodies: dict[str, tuple[bytes, int]], rounds: int
                     "Envoy + sidecar (dynamic_score)": (up.listen_port, "/v1/chat/completions",
                                                         TOKEN, False),
                 }
-                return {label: _alternate(paths, body, count, rounds)
-                        for label, (body, count) in bodies.items()}
+                results = {label: _alternate(paths, body, count, rounds)
+                           for label, (body, count) in bodies.items()}
+                results[STREAMS] = _alternate_streams(paths, streams, rounds)
+                return results
         finally:
             envoy.terminate()
             envoy.wait(10)
@@ -198,6 +204,18 @@ def _alternate(paths: dict[str, tuple[int, str, str, bool]], body: bytes, count:
     return {name: summarize(values) for name, values in latencies.items()}
 
 
+def _alternate_streams(paths: dict[str, tuple[int, str, str, bool]], count: int,
+                       rounds: int) -> dict[str, tuple[float, float]]:
+    """Time to the first SSE event of a streamed chat (a new connection each), in turns."""
+    ttfbs: dict[str, list[float]] = {name: [] for name in paths}
+    batch = max(1, count // rounds)
+    for _ in range(rounds):
+        for name, (port, request_path, token, direct) in paths.items():
+            model = "m-a" if direct else "bench-group"
+            ttfbs[name] += probe_streams(port, request_path, model, token, batch).ttfbs_ms
+    return {name: summarize(values) for name, values in ttfbs.items()}
+
+
 def image_body(size: int) -> bytes:
     """A long prompt and a base64 image in one user message, `size` bytes in all."""
     prompt = ("Describe what changed between these two screenshots. " * 160)[:8192]
@@ -213,6 +231,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=10,
                         help="batches per path, taken in turns")
+    parser.add_argument("--streams", type=int, default=200,
+                        help="streamed requests per path (time to first event)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
@@ -224,8 +244,8 @@ def main() -> int:
     big = max(20, args.requests // 3)
     bodies = {"1 KB chat": (chat_body(1024), args.requests),
               "1 MB prompt + base64 image": (image_body(1024 * 1024), big)}
-    for label, paths in end_to_end(bodies, args.rounds).items():
-        count = bodies[label][1]
+    for label, paths in end_to_end(bodies, args.rounds, args.streams).items():
+        count = bodies[label][1] if label in bodies else args.streams
         lines += ["", f"## Latency at concurrency 1, {label}, {count} requests per path "
                   f"in {args.rounds} alternating batches", "",
                   "| path | p50 ms | p99 ms |", "| --- | --- | --- |"]

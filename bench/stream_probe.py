@@ -17,6 +17,7 @@ class StreamFigures:
     ttfb_p99_ms: float
     mean_gap_ms: float
     events: int  # per stream
+    ttfbs_ms: tuple[float, ...] = ()  # every stream's, for pooling over batches
 
 
 def _one(port: int, path: str, model: str, token: str) -> tuple[float, list[float]]:
@@ -65,4 +66,4 @@ def probe_streams(port: int, path: str, model: str, token: str, count: int) -> S
         events.append(len(stream_gaps) + 1)
     ttfbs.sort()
     return StreamFigures(statistics.median(ttfbs), ttfbs[max(0, int(len(ttfbs) * .99) - 1)],
-                         statistics.fmean(gaps) if gaps else 0.0, min(events))
+                         statistics.fmean(gaps) if gaps else 0.0, min(events), tuple(ttfbs))
