@@ -131,7 +131,7 @@ class Connection(FrameWriter, asyncio.Protocol):
         if rest is None or self._transport is None or self._transport.is_closing():
             return
         used = self._frames(rest)
-        if used < len(rest):
+        if used < len(rest) and self._transport is not None and not self._transport.is_closing():
             self._buffer += rest[used:]
 
     def _take_preface(self, data: memoryview) -> memoryview | None:

@@ -28,7 +28,8 @@ class FrameWriter:
         self._table_size_update = False
 
     def send_message(self, call: Call, parts: Sequence[bytes | memoryview]) -> None:
-        """One gRPC message, whose bytes are `parts` one after another."""
+        """One gRPC message, whose bytes are `parts` one after another (bytes, or views in
+        byte format: lengths are counted in items)."""
         if not call.headers_sent:
             call.headers_sent = True
             self._out += f.frame(f.HEADERS, f.END_HEADERS, call.id,

@@ -54,6 +54,19 @@ def test_the_sequence_repeats_every_full_cycle_however_long_it_runs() -> None:
                for start in range(0, len(sequence), sum(weights)))
 
 
+def test_only_whole_number_cycles_are_settled_so_near_rational_shares_keep_their_error() -> None:
+    """Settling every near-zero deficit would make shares a hair off a simple ratio repeat
+    that ratio forever, drifting past one request after ~1e9 decisions (review finding)."""
+    rotation = WeightedRotation(2)
+    for _ in range(2):
+        rotation.pick([0, 1], [1.0, 1.0 + 1.9e-9])
+    assert rotation._deficit != [0.0, 0.0]
+    whole = WeightedRotation(2)
+    for _ in range(2):
+        whole.pick([0, 1], [1, 1])
+    assert whole._deficit == [0.0, 0.0]
+
+
 def test_the_case_where_smooth_round_robin_drifts_beyond_one_request() -> None:
     weights = [0.01, 0.06, 1, 1, 0.01, 0.27]
     rotation = WeightedRotation(len(weights))
