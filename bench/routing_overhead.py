@@ -25,6 +25,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_processes import wait_http
@@ -190,30 +191,44 @@ def end_to_end(bodies: dict[str, tuple[bytes, int]], rounds: int, streams: int
             envoy.wait(10)
 
 
-def _alternate(paths: dict[str, tuple[int, str, str, bool]], body: bytes, count: int,
-               rounds: int) -> dict[str, tuple[float, float]]:
+PathSpec = tuple[int, str, str, bool]  # port, request path, token, body rewritten for the provider
+Measure = Callable[[PathSpec, int], list[float]]  # (path, how many) → latencies in ms
+
+
+def _take_turns(paths: dict[str, PathSpec], measure: Measure, count: int,
+                rounds: int) -> dict[str, tuple[float, float]]:
+    """`count` measurements per path, the paths taking turns in `rounds` batches."""
     latencies: dict[str, list[float]] = {name: [] for name in paths}
     batch = max(1, count // rounds)
-    for port, request_path, token, direct in paths.values():  # warm every path
-        sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
-        asyncio.run(timed_requests(port, request_path, sent, 5, token))
     for _ in range(rounds):
-        for name, (port, request_path, token, direct) in paths.items():
-            sent = body.replace(b'"bench-group"', b'"m-a"') if direct else body
-            latencies[name] += asyncio.run(timed_requests(port, request_path, sent, batch, token))
+        for name, path in paths.items():
+            latencies[name] += measure(path, batch)
     return {name: summarize(values) for name, values in latencies.items()}
 
 
-def _alternate_streams(paths: dict[str, tuple[int, str, str, bool]], count: int,
+def _alternate(paths: dict[str, PathSpec], body: bytes, count: int,
+               rounds: int) -> dict[str, tuple[float, float]]:
+    rewritten = body.replace(b'"bench-group"', b'"m-a"')  # what the provider gets routed
+
+    def requests(path: PathSpec, how_many: int) -> list[float]:
+        port, request_path, token, direct = path
+        sent = rewritten if direct else body
+        return asyncio.run(timed_requests(port, request_path, sent, how_many, token))
+
+    for path in paths.values():  # warm every path
+        requests(path, 5)
+    return _take_turns(paths, requests, count, rounds)
+
+
+def _alternate_streams(paths: dict[str, PathSpec], count: int,
                        rounds: int) -> dict[str, tuple[float, float]]:
     """Time to the first SSE event of a streamed chat (a new connection each), in turns."""
-    ttfbs: dict[str, list[float]] = {name: [] for name in paths}
-    batch = max(1, count // rounds)
-    for _ in range(rounds):
-        for name, (port, request_path, token, direct) in paths.items():
-            model = "m-a" if direct else "bench-group"
-            ttfbs[name] += probe_streams(port, request_path, model, token, batch).ttfbs_ms
-    return {name: summarize(values) for name, values in ttfbs.items()}
+    def streams(path: PathSpec, how_many: int) -> list[float]:
+        port, request_path, token, direct = path
+        model = "m-a" if direct else "bench-group"
+        return list(probe_streams(port, request_path, model, token, how_many).ttfbs_ms)
+
+    return _take_turns(paths, streams, count, rounds)
 
 
 def image_body(size: int) -> bytes:

@@ -21,7 +21,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from sidecar.envoy_contract import CLUSTER_ATTRIBUTE, ROUTE_NAMESPACE, SIDECAR_REPLY_DETAILS
-from sidecar.gateway.outcome import BodyParts, Forward, Reply, Retarget
+from sidecar.gateway.outcome import BodyParts, Forward, Reply, Retarget, body_size
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -128,7 +128,7 @@ class BodyAnswer:
         self.body_parts = body_parts
 
     def wire_parts(self) -> list[bytes | memoryview]:
-        size = sum(map(len, self.body_parts))
+        size = body_size(self.body_parts)
         heads = []
         for number in reversed(_BODY_PATH):  # each field wraps the one inside it
             head = _varint(number << 3 | 2) + _varint(size)
@@ -147,9 +147,10 @@ _PIECES_FROM_BYTES = 64 * 1024
 
 
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
-                   body: BodyParts, clear_route_cache: bool = False
+                   body: BodyParts, attempts: tuple[str, ...] | None = None
                    ) -> ext.ProcessingResponse | BodyAnswer:
-    """Answer to a buffered request body: header changes and the new body.
+    """Answer to a buffered request body: header changes and the new body; with `attempts`,
+    also the attempt order, and the route resolved again so the cluster specifier reads it.
 
     Built by assigning into nested fields: passing a sub-message to a constructor copies it
     (with upb, through a serialize/parse round)."""
@@ -157,8 +158,10 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     common = response.request_body.response
     common.header_mutation.set_headers.extend(_set(set_headers))
     common.header_mutation.remove_headers.extend(remove_headers)
-    common.clear_route_cache = clear_route_cache
-    if sum(map(len, body)) < _PIECES_FROM_BYTES:
+    if attempts is not None:
+        common.clear_route_cache = True
+        response.dynamic_metadata.CopyFrom(attempt_order(attempts))
+    if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
         return response
     return BodyAnswer(response, body)
@@ -167,11 +170,8 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
 def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
-    answer = _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
-                            clear_route_cache=True)
-    message = answer.response if isinstance(answer, BodyAnswer) else answer
-    message.dynamic_metadata.CopyFrom(attempt_order(outcome.attempts))
-    return answer
+    return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
+                          outcome.attempts)
 
 
 def continue_attempt() -> ext.ProcessingResponse:

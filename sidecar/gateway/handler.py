@@ -20,7 +20,7 @@ from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.gateway.decision_log import log_decision
-from sidecar.gateway.outcome import Forward, Reply, Retarget
+from sidecar.gateway.outcome import Forward, Reply, Retarget, body_size
 from sidecar.gateway.retarget import (
     RetargetError,
     attempt_dialect,
@@ -145,7 +145,7 @@ class Gateway:
         new_body = parsed.model_replaced(route.model_ref)
         set_headers = [
             (":path", route.path),
-            ("content-length", str(sum(map(len, new_body)))),
+            ("content-length", str(body_size(new_body))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
             *self._runtime.attempt_headers[model],

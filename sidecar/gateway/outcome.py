@@ -10,6 +10,10 @@ from sidecar.routing.decision import Decision
 BodyParts = tuple[bytes | memoryview, ...]
 
 
+def body_size(parts: BodyParts) -> int:
+    return sum(map(len, parts))
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Answer the caller directly; nothing goes upstream."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sidecar.apis import Dialect
 from sidecar.dialects.body import BodyError, parse_body
-from sidecar.gateway.outcome import Retarget
+from sidecar.gateway.outcome import Retarget, body_size
 from sidecar.gateway.runtime import Runtime, TargetRoute
 
 
@@ -43,7 +43,7 @@ def retarget(runtime: Runtime, route: TargetRoute, body: bytes) -> Retarget:
         new_body = parse_body(body).model_replaced(route.model_ref)
     except BodyError as exc:
         raise RetargetError(f"retry body unreadable: {exc}") from None
-    set_headers = [(":path", route.path), ("content-length", str(sum(map(len, new_body))))]
+    set_headers = [(":path", route.path), ("content-length", str(body_size(new_body)))]
     if route.credential is not None:
         set_headers.append(route.credential)
     own = route.credential[0] if route.credential else None
