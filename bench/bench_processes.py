@@ -21,6 +21,7 @@ from sidecar.devstack.harness import free_port
 from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import render_envoy_yaml
+from sidecar.grpcwire.auth import ensure_channel_token
 
 SPEC = (Path(__file__).parent.parent / "tests" / "fixtures" / "spec_sample.yaml").read_text()
 COMPLETION = json.dumps({
@@ -201,18 +202,21 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
     config.write_text(sidecar_config(strategy, fast_port, drip_url, token))
     listen = free_port()
     grpc_ports = [free_port() for _ in range(processes)]
+    token_file = workdir / f"sidecar-{strategy}.grpc-token"
+    token = ensure_channel_token(token_file)
     running = Processes()
     for index, grpc_port in enumerate(grpc_ports):
         admin_http = free_port()
         running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(
             [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
              f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
-             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             "--grpc-token-file", str(token_file), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(admin_http, "/healthz")
     document = yaml.safe_load(render_envoy_yaml(
         load_config_text(config.read_text()),
         EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
-                       ext_proc=f"127.0.0.1:{grpc_ports[0]}")))
+                       ext_proc=f"127.0.0.1:{grpc_ports[0]}"), token))
     for cluster in document["static_resources"]["clusters"]:
         if cluster["name"] == "sidecar_ext_proc":
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]

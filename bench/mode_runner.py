@@ -31,6 +31,7 @@ from sidecar.devstack.providers import FakeProvider
 from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import render_envoy_yaml
+from sidecar.grpcwire.auth import ensure_channel_token
 
 TOKEN = "bench-token"
 HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -94,13 +95,16 @@ def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load
     listen, admin, grpc_port, helper_port = (free_port() for _ in range(4))
     config = workdir / f"{name}.yaml"
     config.write_text(config_text(provider_url, observations))
+    token_file = workdir / f"{name}.grpc-token"
     document = yaml.safe_load(render_envoy_yaml(
         load_config_text(config.read_text()),
         EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{admin}",
-                       ext_proc=f"127.0.0.1:{grpc_port}")))
+                       ext_proc=f"127.0.0.1:{grpc_port}"),
+        ensure_channel_token(token_file)))
     processes = [subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
-         f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{free_port()}"],
+         f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{free_port()}",
+         "--grpc-token-file", str(token_file)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     if extend is not None:
         extend(document, helper_port)

@@ -4,9 +4,13 @@
   format `sidecar explain --observations` reads, plus the outcome counts.
 - `GET /healthz`: `ok`.
 - `GET /status`: ext_proc streams being served and asyncio tasks alive (both return to
-  their idle level when requests end, cancelled ones included).
+  their idle level when requests end, cancelled ones included), and the gRPC port's
+  counters (connections, refusals, protocol errors, unauthenticated calls, bytes held).
 
-A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection.
+A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection,
+GET only, nothing secret in any answer. What one peer can cost is bounded: at most
+`MAX_CONNECTIONS` connections at once (more are closed unanswered), 5 s to send a request
+head of at most 64 KiB and 100 header lines.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -31,15 +36,22 @@ def observations_document(store: ObservationStore, window_seconds: int) -> dict[
     return {"window_seconds": window, "targets": targets}
 
 
+MAX_CONNECTIONS = 64
+
+
 class StreamCounter(Protocol):
     active_streams: int
 
 
 class AdminServer:
     def __init__(self, store: ObservationStore, host: str, port: int,
-                 streams: StreamCounter | None = None) -> None:
+                 streams: StreamCounter | None = None,
+                 grpc_counters: Callable[[], dict[str, int]] | None = None) -> None:
         self._store = store
         self._streams = streams
+        self._grpc_counters = grpc_counters
+        self._open = 0
+        self.connections_refused = 0
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
@@ -55,6 +67,11 @@ class AdminServer:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            self.connections_refused += 1
+            writer.transport.abort()
+            return
+        self._open += 1
         try:
             line = await asyncio.wait_for(self._read_head(reader), 5)
             try:
@@ -69,6 +86,7 @@ class AdminServer:
         except (TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
             pass  # slow, oversized or broken requests are simply dropped
         finally:
+            self._open -= 1
             writer.close()
 
     @staticmethod
@@ -89,8 +107,11 @@ class AdminServer:
             return "200 OK", "ok"
         if url.path == "/status":
             streams = self._streams.active_streams if self._streams else 0
+            grpc = self._grpc_counters() if self._grpc_counters else {}
             return "200 OK", {"ext_proc_streams": streams,
-                              "asyncio_tasks": len(asyncio.all_tasks())}
+                              "asyncio_tasks": len(asyncio.all_tasks()),
+                              "grpc": grpc,
+                              "admin_connections_refused": self.connections_refused}
         if url.path == "/observations":
             window = self._store.retention_seconds
             values = parse_qs(url.query).get("window")

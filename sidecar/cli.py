@@ -13,8 +13,14 @@ from pathlib import Path
 from sidecar import __version__
 from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
-from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
+from sidecar.envoy_config.addresses import (
+    DEFAULT_ADMIN_HTTP,
+    DEFAULT_SECRETS_DIR,
+    EnvoyAddresses,
+    split_host_port,
+)
 from sidecar.gateway import StartupError
+from sidecar.grpcwire.auth import ChannelTokenError, ensure_channel_token, read_channel_token
 from sidecar.process import run_event_loop
 from sidecar.signals import until_stop_signal
 
@@ -53,15 +59,20 @@ def _parser() -> argparse.ArgumentParser:
                     help="log one JSON line per routing decision (safe scalars only)")
     up.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                     help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    _grpc_server_flag(up)
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--listen", default=DEFAULT_EXT_PROC, type=host_port,
                        help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
+    serve.add_argument("--grpc-token-file", type=Path, required=True,
+                       help="file with the channel token Envoy presents on every gRPC call "
+                            "(the file given to render-envoy --grpc-token-file)")
     serve.add_argument("--log-decisions", action="store_true",
                        help="log one JSON line per routing decision (safe scalars only)")
     serve.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                        help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    _grpc_server_flag(serve)
 
     observations = command("observations",
                            "show each target's observation window from a running sidecar")
@@ -80,6 +91,16 @@ def _parser() -> argparse.ArgumentParser:
     _address_flags(render)
     render.add_argument("--ca-bundle", help=CA_HELP)
     render.add_argument("--output", type=Path, help="write here instead of stdout")
+    render.add_argument("--grpc-token-file", type=Path,
+                        help="channel token Envoy sends to the sidecar (created with a new "
+                             "random token if the file does not exist); without it, a "
+                             "placeholder is rendered")
+    render.add_argument("--secrets-dir", default=DEFAULT_SECRETS_DIR,
+                        help="where Envoy finds the providers' SDS files "
+                             f"(default: {DEFAULT_SECRETS_DIR})")
+    render.add_argument("--sds-output", type=Path,
+                        help="also write the SDS files (one per provider, naming its key's "
+                             "variable or file) into this folder")
 
     explain = command("explain", "show the routing decision for one request body, and why")
     explain.add_argument("--config", type=Path, required=True)
@@ -110,6 +131,13 @@ def host_port(value: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
+
+
+def _grpc_server_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-server", choices=["own", "grpcio"], default="own",
+                        help="what serves the gRPC port: the sidecar's own HTTP/2 server "
+                             "(default) or grpcio, the escape hatch (same handlers, more CPU "
+                             "per request; docs/grpc-server.md)")
 
 
 def _address_flags(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +181,7 @@ def _up(args: argparse.Namespace) -> int:
         envoy_log_level=args.envoy_log_level,
         log_decisions=args.log_decisions,
         admin_http=args.admin_http,
+        grpc_server=args.grpc_server,
     )
     try:
         return run_event_loop(run_stack(options))
@@ -167,10 +196,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config_file(args.config)
     runtime = Runtime(config)
+    try:
+        channel_token = read_channel_token(args.grpc_token_file)
+    except ChannelTokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     async def serve() -> None:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
-                                      args.log_decisions)
+                                      args.log_decisions, channel_token=channel_token,
+                                      grpc_server=args.grpc_server)
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
             sidecar.admin.host, sidecar.admin.port, len(config.models))
@@ -193,8 +228,12 @@ def _check_config(args: argparse.Namespace) -> int:
     config = load_config_file(args.file)
     if args.secrets:
         from sidecar.gateway import Runtime
+        from sidecar.gateway.runtime import provider_key_problems
 
         Runtime(config)
+        problems = provider_key_problems(config)
+        if problems:
+            raise StartupError(problems)
     callers = len(config.callers)
     print(f"{args.file}: OK ({len(config.models)} model groups, {callers} callers)")
     if not callers:
@@ -207,8 +246,22 @@ def _render_envoy(args: argparse.Namespace) -> int:
 
     config = load_config_file(args.config)
     addresses = EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
-                               ca_bundle=args.ca_bundle)
-    text = render_envoy_yaml(config, addresses)
+                               ca_bundle=args.ca_bundle, secrets_dir=args.secrets_dir)
+    token = None
+    try:
+        if args.grpc_token_file is not None:
+            token = ensure_channel_token(args.grpc_token_file)
+    except ChannelTokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if token is None:
+        print("note: no --grpc-token-file: the bootstrap carries a placeholder channel token "
+              "that the sidecar will refuse", file=sys.stderr)
+    text = render_envoy_yaml(config, addresses, token)
+    if args.sds_output is not None:
+        from sidecar.envoy_config.credentials import write_sds_files
+
+        write_sds_files(config, args.sds_output)
     if args.output:
         args.output.write_text(text)
     else:

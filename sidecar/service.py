@@ -4,6 +4,7 @@ access logs, health) and the admin HTTP endpoint. Used by `sidecar serve` and `s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.admin import AdminServer
 from sidecar.config.models import SidecarConfig
@@ -12,13 +13,17 @@ from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
 from sidecar.grpcwire import GrpcServer
+from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
+
+if TYPE_CHECKING:
+    from sidecar.extproc.grpcio_server import GrpcioServer
 
 
 @dataclass
 class RunningSidecar:
-    server: GrpcServer
+    server: GrpcServer | GrpcioServer
     admin: AdminServer
     store: ObservationStore
 
@@ -41,8 +46,13 @@ def longest_request_s(config: SidecarConfig) -> float:
 
 
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
-                        admin_address: str, log_decisions: bool = False) -> RunningSidecar:
-    """Raises OSError when an address cannot be bound; nothing is left running then."""
+                        admin_address: str, log_decisions: bool = False,
+                        channel_token: str | None = None,
+                        grpc_server: str = "own") -> RunningSidecar:
+    """Raises OSError when an address cannot be bound; nothing is left running then.
+    With `channel_token`, ext_proc and access-log calls must present it (grpcwire/auth.py);
+    without, the gRPC port trusts every peer (only for tests of the port itself).
+    `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py)."""
     store = observation_store(config)
     enabled = config.observations.enabled
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions)
@@ -50,9 +60,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                                   attempt_window_s=longest_request_s(config))
                 if enabled else None)
     processor = ExternalProcessor(gateway)
-    server = await start_server(processor, grpc_address, receiver)
+    auth = ChannelAuth(channel_token) if channel_token is not None else None
+    server = await start_server(processor, grpc_address, receiver, auth, grpc_server)
     host, port = split_host_port(admin_address)
-    admin = AdminServer(store, host, port, processor)
+    admin = AdminServer(store, host, port, processor, server.counters.as_dict)
     try:
         await admin.start()
     except OSError as exc:

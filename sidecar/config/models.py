@@ -81,6 +81,10 @@ class Provider(StrictModel):
     dialect_base_urls: dict[Dialect, str] = Field(default_factory=dict)
     credential: Credential | None = None
     connect_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 300)] = 5.0
+    # Beyond the built-in allowlists (sidecar/header_policy.py): caller headers this
+    # provider gets, and this provider's response headers callers get.
+    pass_request_headers: list[HeaderName] = Field(default_factory=list)
+    pass_response_headers: list[HeaderName] = Field(default_factory=list)
 
     @field_validator("base_url")
     @classmethod
@@ -232,6 +236,8 @@ class Limits(StrictModel):
     max_request_body_bytes: Annotated[PositiveInt, bounded(1, 1024**3)] = 32 * 1024 * 1024
     request_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 600.0
     sidecar_message_timeout_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 2000
+    # Envoy's overload manager refuses client connections beyond this many (all listeners).
+    max_client_connections: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
 
 
 class Observations(StrictModel):

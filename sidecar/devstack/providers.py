@@ -3,7 +3,8 @@
 Each provider lives under its own path prefix (``http://host:port/<name>/v1``) and speaks
 OpenAI Chat and Anthropic Messages (JSON or SSE) and the OpenAI Responses API (JSON).
 Knobs (latency, inter-event delay, forced status, connection reset, a stream that breaks
-after N events) make it usable for failure tests; every request is
+after N events, huge replies, broken framing, a body cut off mid-way, a 200 whose body is
+not what the dialect promises) make it usable for failure tests; every request is
 recorded (method, path, headers, JSON body) so tests can assert what the upstream received.
 The same code serves `sidecar up`, `sidecar demo-providers` and the test-suite.
 """
@@ -39,6 +40,22 @@ class Behaviour:
     text: str | None = None
     # Streams only: drop the connection after this many events (a mid-stream failure).
     fail_after_events: int | None = None
+    # A huge but valid reply of about this many bytes: the text is made of 64 KiB words (one
+    # SSE event each), so JSON replies carry it in the message and streams as many events;
+    # the usage still comes last.
+    body_bytes: int | None = None
+    # JSON replies only, broken after their headers went out: chunked framing that turns
+    # invalid after the first half of the body, or a content-length body cut off half-way by
+    # a connection reset.
+    invalid_chunked: bool = False
+    reset_mid_body: bool = False
+    # JSON replies framed with chunked encoding (no content-length), as many providers send
+    # them from behind a CDN.
+    chunked_json: bool = False
+    # A 200 whose body is not what the dialect promises (an error object, HTML, garbage SSE):
+    # sent as is, with this content type, instead of the completion.
+    raw_body: bytes | None = None
+    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -134,14 +151,20 @@ class ProviderServer:
         if behaviour.status is not None and behaviour.status != 200:
             await _respond(writer, behaviour.status, error(behaviour.status, "injected failure"))
             return True
+        if behaviour.raw_body is not None:
+            await _respond(writer, 200, behaviour.raw_body, behaviour.content_type)
+            return True
         try:
             payload = request.json()
         except ValueError:
             await _respond(writer, 400, error(400, "body is not JSON"))
             return True
+        text = behaviour.text
+        if behaviour.body_bytes:
+            text = " ".join(["x" * _BIG_WORD] * max(1, behaviour.body_bytes // (_BIG_WORD + 1)))
         completion = wire.make_completion(
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
-            provider.name, payload, len(request.body), behaviour.text,
+            provider.name, payload, len(request.body), text,
         )
         if endpoint == "/v1/responses":
             if payload.get("stream") is True:
@@ -151,7 +174,10 @@ class ProviderServer:
             return True
         if payload.get("stream") is not True:
             body = wire.anthropic_json(completion) if anthropic else wire.openai_json(completion)
-            await _respond(writer, 200, body)
+            if behaviour.invalid_chunked or behaviour.reset_mid_body:
+                await _broken(writer, body, chunked=behaviour.invalid_chunked)
+                return False
+            await _respond(writer, 200, body, chunked=behaviour.chunked_json)
             return True
         if anthropic:
             events = wire.anthropic_events(completion)
@@ -167,9 +193,13 @@ class ProviderServer:
         return True
 
 
-# Real providers name the account behind the key in a response header; so do the fakes,
-# so tests can show the gateway does not pass it on.
-_ACCOUNT_HEADER = "openai-organization: org-demo-account"
+# Real providers name the account behind the key, its rate limits and a CDN cookie in
+# response headers; so do the fakes, so tests can show the gateway passes on only its
+# allowlist (the request id among it).
+_ACCOUNT_HEADER = ("openai-organization: org-demo-account\r\n"
+                   "x-ratelimit-remaining-requests: 99\r\n"
+                   "set-cookie: cdn=provider-cookie\r\n"
+                   "request-id: req-demo-1")
 
 
 def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
@@ -206,12 +236,43 @@ async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
     return RecordedRequest(method, path, headers, body)
 
 
-async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
+_BIG_WORD = 64 * 1024 - 1
+_WRITE_PIECE = 1024 * 1024
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes,
+                   content_type: str = "application/json", chunked: bool = False) -> None:
+    framing = "transfer-encoding: chunked" if chunked else f"content-length: {len(body)}"
     head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"{_ACCOUNT_HEADER}\r\n\r\n")
-    writer.write(head.encode() + body)
+            f"content-type: {content_type}\r\n{framing}\r\n{_ACCOUNT_HEADER}\r\n\r\n")
+    if not chunked and len(body) <= _WRITE_PIECE:
+        writer.write(head.encode() + body)
+        await writer.drain()
+        return
+    writer.write(head.encode())
+    for start in range(0, len(body), _WRITE_PIECE):  # a huge body goes out as it drains
+        piece = body[start:start + _WRITE_PIECE]
+        writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n" if chunked else piece)
+        await writer.drain()
+    if chunked:
+        writer.write(b"0\r\n\r\n")
     await writer.drain()
+
+
+async def _broken(writer: asyncio.StreamWriter, body: bytes, chunked: bool) -> None:
+    """A 200 JSON reply that breaks after its headers and half of its body."""
+    half = body[:len(body) // 2]
+    framing = (b"transfer-encoding: chunked\r\n\r\n" + f"{len(half):x}\r\n".encode() + half
+               + b"\r\n") if chunked else f"content-length: {len(body)}\r\n\r\n".encode() + half
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + framing)
+    await writer.drain()
+    await asyncio.sleep(0.05)  # the headers and the first half are through before it breaks
+    if chunked:
+        writer.write(b"not-a-chunk-size\r\n" + body[len(half):] + b"\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+    else:
+        writer.transport.abort()
 
 
 async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float,

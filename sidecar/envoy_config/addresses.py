@@ -8,6 +8,7 @@ import ssl
 from dataclasses import dataclass
 
 DEFAULT_ADMIN_HTTP = "127.0.0.1:50052"  # the sidecar's own admin endpoint
+DEFAULT_SECRETS_DIR = "/etc/envoy/secrets"
 
 # Where common distributions keep the system CA bundle (Debian/Ubuntu, RHEL/Fedora, Alpine,
 # macOS, SUSE); OpenSSL's own default is tried first.
@@ -21,13 +22,15 @@ _CA_CANDIDATES = (
 
 @dataclass(frozen=True)
 class EnvoyAddresses:
-    """host:port strings for the client listener, Envoy admin and the sidecar, and the CA file
-    for https providers (None: the system bundle, found by `find_ca_bundle`)."""
+    """host:port strings for the client listener, Envoy admin and the sidecar; the CA file
+    for https providers (None: the system bundle, found by `find_ca_bundle`); the folder
+    where Envoy finds the providers' SDS secret files (envoy_config/credentials.py)."""
 
     listen: str = "127.0.0.1:10000"
     admin: str = "127.0.0.1:9901"
     ext_proc: str = "127.0.0.1:50051"
     ca_bundle: str | None = None
+    secrets_dir: str = DEFAULT_SECRETS_DIR
 
 
 def find_ca_bundle() -> str:

@@ -5,7 +5,8 @@
   cluster. The retry policy moves a failed attempt (connect failure, reset, 429, 5xx,
   per-try timeout) to the next one; Envoy never retries once the response has started.
 - Each target cluster runs a per-attempt ext_proc hook that rewrites a retry's copy of the
-  request for its own target (path, key, model). A matcher skips it on first attempts, so
+  request for its own target (path, model); the target's key is injected by Envoy
+  itself (credentials.py). A matcher skips it on first attempts, so
   the happy path pays nothing: the router-level exchange already rewrote for the primary.
 - A header-mutation filter drops the x-envoy-* headers Envoy adds per attempt, so providers
   see none of Envoy's internals.
@@ -31,12 +32,9 @@ from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutatio
 from envoy_data_plane.envoy.config.core.v3 import (
     GrpcService,
     GrpcServiceEnvoyGrpc,
-    TypedExtensionConfig,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
 from envoy_data_plane.envoy.config.route.v3 import RetryPolicy
-from envoy_data_plane.envoy.extensions.common.matching.v3 import ExtensionWithMatcher
-from envoy_data_plane.envoy.extensions.filters.common.matcher.action.v3 import SkipFilter
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     ProcessingMode,
@@ -51,20 +49,16 @@ from envoy_data_plane.envoy.extensions.filters.http.upstream_codec.v3 import Ups
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
-from envoy_data_plane.envoy.type.matcher.v3 import HttpRequestHeaderMatchInput
 from envoy_data_plane.google.protobuf import Any
-from envoy_data_plane.xds.core.v3 import TypedExtensionConfig as XdsExtensionConfig
 from envoy_data_plane.xds.type.matcher.v3 import (
-    Matcher,
-    MatcherMatcherList,
-    MatcherMatcherListFieldMatcher,
-    MatcherMatcherListPredicate,
-    MatcherMatcherListPredicateSinglePredicate,
-    MatcherOnMatch,
     StringMatcher,
 )
 
 from sidecar.config.models import SidecarConfig
+from sidecar.envoy_config.matchers import (
+    request_header,
+    skipped_when,
+)
 from sidecar.envoy_contract import (
     CLUSTER_ATTRIBUTE,
     EXT_PROC_CLUSTER,
@@ -168,34 +162,19 @@ def _retarget_processor(message_timeout_ms: int) -> ExternalProcessor:
     )
 
 
-def _on_first_attempt_skip() -> Matcher:
-    first_attempt = MatcherMatcherListPredicate(
-        single_predicate=MatcherMatcherListPredicateSinglePredicate(
-            input=XdsExtensionConfig(
-                name="attempt_count",
-                typed_config=Any.pack(HttpRequestHeaderMatchInput(header_name=ATTEMPT_HEADER))),
-            value_match=StringMatcher(exact="1"),
-        ))
-    skip = MatcherOnMatch(action=XdsExtensionConfig(name="skip",
-                                                      typed_config=Any.pack(SkipFilter())))
-    return Matcher(matcher_list=MatcherMatcherList(matchers=[
-        MatcherMatcherListFieldMatcher(predicate=first_attempt, on_match=skip)]))
-
-
-def attempt_filters(message_timeout_ms: int) -> list[HttpFilter]:
-    """Upstream HTTP filters of a target cluster: retarget a retry, strip Envoy's headers,
-    then the codec (which must come last)."""
-    retarget = ExtensionWithMatcher(
-        xds_matcher=_on_first_attempt_skip(),
-        extension_config=TypedExtensionConfig(
-            name="envoy.filters.http.ext_proc",
-            typed_config=Any.pack(_retarget_processor(message_timeout_ms))),
-    )
+def attempt_filters(message_timeout_ms: int, cleared_headers: tuple[str, ...],
+                    injectors: list[HttpFilter]) -> list[HttpFilter]:
+    """Upstream HTTP filters of a target cluster: retarget a retry, strip Envoy's headers
+    and every credential header (changes carry over between attempts), inject this
+    target's key (credentials.py), then the codec (which must come last)."""
+    first_attempt = request_header(ATTEMPT_HEADER, StringMatcher(exact="1"))
     strip = HeaderMutation(mutations=Mutations(request_mutations=[
-        HeaderMutationRule(remove=name) for name in ENVOY_ATTEMPT_HEADERS]))
+        HeaderMutationRule(remove=name) for name in (*ENVOY_ATTEMPT_HEADERS, *cleared_headers)]))
     return [
-        HttpFilter(name="sidecar.retarget_retry", typed_config=Any.pack(retarget)),
+        skipped_when(first_attempt, "sidecar.retarget_retry", "envoy.filters.http.ext_proc",
+                     Any.pack(_retarget_processor(message_timeout_ms))),
         HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip)),
+        *injectors,
         HttpFilter(name="envoy.filters.http.upstream_codec",
                    typed_config=Any.pack(UpstreamCodec())),
     ]

@@ -2,11 +2,19 @@
 
 - `json_to_metadata` and `sse_to_metadata` read the provider's usage (`usage.completion_tokens`
   for OpenAI, `usage.output_tokens` for Anthropic) from JSON bodies and from SSE events into
-  dynamic metadata, in Envoy, as the bytes pass.
+  dynamic metadata, in Envoy, as the bytes pass. They also leave what the sidecar needs to
+  tell a 2xx that is not what its dialect promises (sidecar/observe/response_checks.py): an
+  error object's type or code, a JSON body that does not parse, the shape (`object` or
+  `type`) of a reply or of a stream's events.
+- `json_to_metadata` must hold a JSON reply until its end to parse it, and Envoy answers a
+  500 for a held reply above the per-request buffer limit. So it only runs for replies that
+  declare a length within `held_reply_limit` (a matcher on `content-length`); longer and
+  chunked replies stream through unread, whatever their size.
 - The gRPC access logger sends one entry per request, in batches, to the sidecar's
   `AccessLogService` after the response is done: status, response flags, timings, the
-  serving cluster and that metadata. The router's `upstream_log` sends one entry per
-  attempt the same way, so failed attempts before a fallback are seen too.
+  serving cluster, the response's content type and encoding, and that metadata. The
+  router's `upstream_log` sends one entry per attempt the same way, so failed attempts before
+  a fallback are seen too.
 
 See docs/observations.md for why this beats an observer ext_proc stream.
 """
@@ -46,37 +54,90 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpFilter,
 )
 from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher
-from envoy_data_plane.google.protobuf import Any
+from envoy_data_plane.google.protobuf import Any, Value
 
+from sidecar.envoy_config.matchers import negated, skipped_when
+from sidecar.envoy_config.upstream_errors import held_reply_limit, length_within
 from sidecar.envoy_contract import ACCESS_LOG_NAME, EXT_PROC_CLUSTER, USAGE_KEY, USAGE_NAMESPACE
+from sidecar.observe.response_checks import (
+    ERROR_TYPE_KEY,
+    LOGGED_RESPONSE_HEADERS,
+    NOT_JSON,
+    NOT_JSON_KEY,
+    SHAPE_KEY,
+    USAGE_MISSING,
+    USAGE_MISSING_KEY,
+)
 
 # Where each dialect reports output tokens (JSON bodies and final SSE events alike).
 _USAGE_PATHS = (("usage", "completion_tokens"), ("usage", "output_tokens"))
 
 
-def _usage_rules() -> list[JsonToMetadataRule]:
-    return [
-        JsonToMetadataRule(
-            selectors=[JsonToMetadataSelector(key=key) for key in path],
-            on_present=JsonToMetadataKeyValuePair(
-                metadata_namespace=USAGE_NAMESPACE, key=USAGE_KEY,
-                type=JsonToMetadataValueType.NUMBER),
-        )
-        for path in _USAGE_PATHS
-    ]
+def _rule(path: tuple[str, ...], on_present: JsonToMetadataKeyValuePair,
+          on_missing: JsonToMetadataKeyValuePair | None = None,
+          on_error: JsonToMetadataKeyValuePair | None = None) -> JsonToMetadataRule:
+    return JsonToMetadataRule(selectors=[JsonToMetadataSelector(key=key) for key in path],
+                              on_present=on_present, on_missing=on_missing, on_error=on_error)
 
 
-def usage_filters() -> list[HttpFilter]:
+def _extract(key: str, kind: JsonToMetadataValueType) -> JsonToMetadataKeyValuePair:
+    return JsonToMetadataKeyValuePair(metadata_namespace=USAGE_NAMESPACE, key=key, type=kind)
+
+
+def _constant(key: str, value: str) -> JsonToMetadataKeyValuePair:
+    return JsonToMetadataKeyValuePair(metadata_namespace=USAGE_NAMESPACE, key=key,
+                                      value=Value(string_value=value))
+
+
+_TOKENS = JsonToMetadataValueType.NUMBER
+_TEXT = JsonToMetadataValueType.STRING
+# Error objects: Chat's and Anthropic's have `error.type` (OpenAI's body and stream event
+# `{"error": {"type": …}}`, Anthropic's `{"type": "error", "error": {"type": …}}`), a
+# failed Responses object `error.code`; a completed one's `"error": null` has neither.
+_ERROR_PATHS = (("error", "type"), ("error", "code"))
+# A completion's shape: Chat's `object` (`chat.completion`, `chat.completion.chunk`),
+# Responses' `object` (`response`), Anthropic's `type` (`message`, `message_start` …).
+_SHAPE_PATHS = (("object",), ("type",))
+
+
+def _json_rules() -> list[JsonToMetadataRule]:
+    """A JSON reply: the usage; proof that the body was parsed (a usage path missing: a
+    completion misses one of the two, anything else both) or that it was not JSON; an
+    error object; the reply's shape."""
+    usage = [_rule(path, _extract(USAGE_KEY, _TOKENS),
+                   on_missing=_constant(USAGE_MISSING_KEY, USAGE_MISSING),
+                   on_error=_constant(NOT_JSON_KEY, NOT_JSON))
+             for path in _USAGE_PATHS]
+    errors = [_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)) for path in _ERROR_PATHS]
+    shapes = [_rule(path, _extract(SHAPE_KEY, _TEXT)) for path in _SHAPE_PATHS]
+    return [*usage, *errors, *shapes]
+
+
+def _event_rules() -> list[JsonContentParserRuleConfig]:
+    """An SSE event: the usage (the last one wins), an error event, and the shape of the
+    stream's events (read once per stream)."""
+    usage = [JsonContentParserRuleConfig(rule=_rule(path, _extract(USAGE_KEY, _TOKENS)))
+             for path in _USAGE_PATHS]
+    errors = [JsonContentParserRuleConfig(rule=_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)))
+              for path in _ERROR_PATHS]
+    shapes = [JsonContentParserRuleConfig(rule=_rule(path, _extract(SHAPE_KEY, _TEXT)),
+                                          stop_processing_after_matches=1)
+              for path in _SHAPE_PATHS]
+    return [*usage, *errors, *shapes]
+
+
+def usage_filters(max_request_body_bytes: int) -> list[HttpFilter]:
     json_usage = JsonToMetadata(response_rules=JsonToMetadataMatchRules(
-        rules=_usage_rules(),
+        rules=_json_rules(),
         allow_content_types_regex=RegexMatcher(regex=r"application/json(;.*)?")))
-    parser = JsonContentParser(rules=[JsonContentParserRuleConfig(rule=rule)
-                                      for rule in _usage_rules()])
+    bounded = negated(length_within(held_reply_limit(max_request_body_bytes)))
+    parser = JsonContentParser(rules=_event_rules())
     sse_usage = SseToMetadata(response_rules=SseToMetadataProcessingRules(
         content_parser=TypedExtensionConfig(name="envoy.content_parsers.json",
                                             typed_config=Any.pack(parser))))
     return [
-        HttpFilter(name="envoy.filters.http.json_to_metadata", typed_config=Any.pack(json_usage)),
+        skipped_when(bounded, "sidecar.json_usage", "envoy.filters.http.json_to_metadata",
+                     Any.pack(json_usage)),
         HttpFilter(name="envoy.filters.http.sse_to_metadata", typed_config=Any.pack(sse_usage)),
     ]
 
@@ -89,5 +150,5 @@ def access_log(flush_interval_ms: int, log_name: str = ACCESS_LOG_NAME) -> Acces
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
         transport_api_version=ApiVersion.V3,
         buffer_flush_interval=timedelta(milliseconds=flush_interval_ms),
-    ))
+    ), additional_response_headers_to_log=list(LOGGED_RESPONSE_HEADERS))
     return AccessLog(name="envoy.access_loggers.http_grpc", typed_config=Any.pack(config))

@@ -12,12 +12,28 @@ Status: a final 429 stays 429 (SDKs back off and retry); any final 5xx becomes 5
 does a provider's 401/403 (the gateway's key was refused, not the caller's token: passing
 it through would make the caller's SDK blame the caller's credentials). Other 4xx are the
 request's own fault and pass through unchanged.
+
+Two more pieces keep a broken upstream reply from ending badly (docs/fallback-and-streaming.md,
+"Broken replies"):
+
+- `hold_bounded_replies`: Envoy's router commits to an attempt as soon as it sees the
+  response headers, so a reply that breaks after them (a reset mid-body, invalid chunked
+  framing) could never be retried. This per-attempt Lua filter holds a reply that declares
+  a bounded length (and is not an event stream) until its last byte, so the router sees its
+  headers only once it is complete: a reply that breaks before that is an upstream reset
+  and goes to the next target like any other.
+- `RESET_CLOSE_DELAY`: when Envoy cuts a response that already started (the deadline, a
+  broken stream), HTTP/1.1 callers can only be told by closing the connection; Envoy's
+  default delayed close (1 s) kept the socket open that long after the cut.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from envoy_data_plane.envoy.config.core.v3 import DataSource, SubstitutionFormatString
 from envoy_data_plane.envoy.extensions.filters.http.custom_response.v3 import CustomResponse
+from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
@@ -39,8 +55,24 @@ from envoy_data_plane.xds.type.matcher.v3 import (
     MatcherMatcherListPredicatePredicateList,
     MatcherMatcherListPredicateSinglePredicate,
     MatcherOnMatch,
+    RegexMatcher,
+    RegexMatcherGoogleRe2,
     StringMatcher,
 )
+
+from sidecar.envoy_config.matchers import Predicate, negated, response_header, skipped_when
+
+# Replies held in Envoy until complete: at most this many bytes, and never more than the
+# per-request buffer limit (`limits.max_request_body_bytes`, which Envoy also applies to a
+# held response: a held reply above it would become a 500). Longer replies, and replies of
+# undeclared length (chunked), stream through unheld whatever their size.
+MAX_HELD_REPLY_BYTES = 8 * 1024 * 1024
+
+# How long Envoy waits for an HTTP/1.1 caller to close its side after Envoy cut the caller's
+# response (deadline, broken stream) before closing the socket itself. Envoy's default is
+# 1 s, by which every cut reached the caller a second late; 20 ms still lets a caller that
+# closes at once do so first.
+RESET_CLOSE_DELAY = timedelta(milliseconds=20)
 
 MESSAGE = ("No target of this model group could serve the request (attempts: "
            "%UPSTREAM_REQUEST_ATTEMPT_COUNT%; last upstream status: {status}). "
@@ -92,3 +124,46 @@ def final_upstream_errors() -> HttpFilter:
     config = CustomResponse(custom_response_matcher=Matcher(
         matcher_list=MatcherMatcherList(matchers=matchers)))
     return HttpFilter(name="envoy.filters.http.custom_response", typed_config=Any.pack(config))
+
+
+def held_reply_limit(max_request_body_bytes: int) -> int:
+    """The longest reply Envoy holds until complete (see MAX_HELD_REPLY_BYTES)."""
+    return min(MAX_HELD_REPLY_BYTES, max_request_body_bytes)
+
+
+def digits_at_most(limit: int) -> str:
+    """A regular expression whose full matches are the decimal numbers 0..limit (shorter
+    numbers may have leading zeros; Envoy's regex matchers match the whole value)."""
+    digits = str(limit)
+    shorter = [f"[0-9]{{1,{len(digits) - 1}}}"] if len(digits) > 1 else []
+    same_length = [f"{digits[:i]}[0-{int(d) - 1}][0-9]{{{len(digits) - i - 1}}}"
+                   for i, d in enumerate(digits) if d != "0"]
+    return "|".join([*shorter, *same_length, digits])
+
+
+def length_within(limit: int) -> Predicate:
+    """The response declares a content-length of at most `limit` bytes (a chunked reply
+    declares none)."""
+    return response_header("content-length", StringMatcher(safe_regex=RegexMatcher(
+        google_re2=RegexMatcherGoogleRe2(), regex=digits_at_most(limit))))
+
+
+# Lua, because no other upstream filter of Envoy 1.40 can hold a response: `body()` suspends
+# the script, and with it the response headers, until the body is complete. The matcher
+# around it runs it only for replies of a bounded declared length, so streams (chunked)
+# never start a script.
+_HOLD_SCRIPT = """\
+function envoy_on_response(handle)
+  local kind = string.lower(handle:headers():get("content-type") or "")
+  if string.find(kind, "text/event-stream", 1, true) == nil then
+    handle:body()
+  end
+end
+"""
+
+
+def hold_bounded_replies(limit: int) -> HttpFilter:
+    """Upstream (per-attempt) HTTP filter of a target cluster; goes before the others."""
+    script = Lua(default_source_code=DataSource(inline_string=_HOLD_SCRIPT))
+    return skipped_when(negated(length_within(limit)), "sidecar.hold_bounded_replies",
+                        "envoy.filters.http.lua", Any.pack(script))

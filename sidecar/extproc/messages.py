@@ -51,11 +51,13 @@ def attempt_cluster(request: ext.ProcessingRequest) -> str | None:
     return None
 
 
-def continue_headers(headers: Mapping[str, str]) -> ext.ProcessingResponse:
-    """Let the headers pass, minus what a caller must not control: Envoy's x-envoy-*
-    control headers (retry counts, timeouts), which the router would obey. Envoy trusts
-    those from "internal" (e.g. loopback) clients even as an edge proxy."""
-    remove = [name for name in headers if name.startswith("x-envoy-")]
+def continue_headers(headers: Mapping[str, str],
+                     allowed: frozenset[str]) -> ext.ProcessingResponse:
+    """Let the headers pass, minus everything not `allowed` (sidecar/header_policy.py):
+    the caller's credentials, cookies and custom headers, and Envoy's x-envoy-* control
+    headers (retry counts, timeouts), which the router would obey (Envoy trusts those from
+    "internal", e.g. loopback, clients even as an edge proxy)."""
+    remove = [name for name in headers if name not in allowed and name[:1] != ":"]
     return ext.ProcessingResponse(
         request_headers=ext.HeadersResponse(
             response=ext.CommonResponse(header_mutation=ext.HeaderMutation(remove_headers=remove))

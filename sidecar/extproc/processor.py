@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from google.protobuf.message import DecodeError
 
 from sidecar.dialects.errors import ClientError
 from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply
 from sidecar.gateway.runtime import TargetRoute
-from sidecar.grpcwire.call import Call
+from sidecar.grpcwire.call import Call, UndecodableMessage
 
 log = logging.getLogger("sidecar.extproc")
 
@@ -64,7 +65,11 @@ class ProcessStream:
         self._closed = False
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
-        response, done = self.step(ext.ProcessingRequest.FromString(payload))
+        try:
+            request = ext.ProcessingRequest.FromString(payload)
+        except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
+            raise UndecodableMessage(str(error)) from None
+        response, done = self.step(request)
         if isinstance(response, messages.BodyAnswer):
             call.send_parts(response.wire_parts())
         elif response is not None:
@@ -110,7 +115,7 @@ class ProcessStream:
             if isinstance(outcome, Reply):
                 return messages.immediate(outcome), True
             self._pending = outcome
-            return messages.continue_headers(headers), False
+            return messages.continue_headers(headers, gateway.forwarded_headers), False
         if kind == "request_body" and self._route is not None:
             rewritten = gateway.on_attempt_body(self._route, request.request_body.body)
             if isinstance(rewritten, Reply):

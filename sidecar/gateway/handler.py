@@ -33,14 +33,6 @@ from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 
 log = logging.getLogger("sidecar.gateway")
 
-# Caller credentials and caller-scoped headers that must never reach a provider.
-CALLER_ONLY_HEADERS = (
-    "authorization",
-    "x-api-key",
-    "proxy-authorization",
-    "openai-organization",
-    "openai-project",
-)
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
@@ -66,6 +58,11 @@ class Gateway:
         self._runtime = runtime
         self._observations = observations
         self._log_decisions = log_decisions
+
+    @property
+    def forwarded_headers(self) -> frozenset[str]:
+        """Caller headers that may travel upstream (sidecar/header_policy.py)."""
+        return self._runtime.forwarded_headers
 
     @property
     def max_body_bytes(self) -> int:
@@ -150,13 +147,10 @@ class Gateway:
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
             *self._runtime.attempt_headers[model],
         ]
-        if route.credential is not None:
-            set_headers.append(route.credential)
         if anthropic and not pending.has_anthropic_version:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
-        replaced = {name for name, _ in set_headers}
-        remove = tuple(h for h in CALLER_ONLY_HEADERS if h not in replaced)
-        return Forward(attempts, tuple(set_headers), remove, new_body, decision)
+        # The caller's other headers went at the header phase (by allowlist).
+        return Forward(attempts, tuple(set_headers), (), new_body, decision)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""
@@ -168,7 +162,7 @@ class Gateway:
 
     def on_attempt_body(self, route: TargetRoute, body: bytes) -> Retarget | Reply:
         try:
-            return retarget(self._runtime, route, body)
+            return retarget(route, body)
         except RetargetError as exc:
             return _retry_refused(exc, route.path)
 

@@ -41,7 +41,7 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class Retarget:
-    """Rewrite a retry's copy of the request for its own target: path, credential, model."""
+    """Rewrite a retry's copy of the request for its own target: path and model."""
 
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: tuple[str, ...]

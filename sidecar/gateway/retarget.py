@@ -1,11 +1,13 @@
 """Retarget a retry: the copy of the request that Envoy sends to the next target of the
 decision after an earlier attempt failed before the response started.
 
-The router-level exchange already rewrote the request for the primary (path, key, model).
+The router-level exchange already rewrote the request for the primary (path, model).
 Envoy runs a per-attempt hook only on retries (docs/fallback-and-streaming.md); it names
 the attempt's cluster, and this module rewrites the copy for that target. Nothing here
-decides anything: the order was fixed by the routing decision. A retry that cannot be
-rewritten is refused rather than sent with the previous target's key or model.
+decides anything: the order was fixed by the routing decision. Keys are Envoy's business:
+each target cluster clears every credential header and injects its own
+(envoy_config/credentials.py). A retry that cannot be rewritten is refused rather than sent
+with the previous target's model.
 """
 
 from __future__ import annotations
@@ -38,13 +40,10 @@ def attempt_route(runtime: Runtime, cluster: str, path: str) -> TargetRoute:
     return route
 
 
-def retarget(runtime: Runtime, route: TargetRoute, body: bytes) -> Retarget:
+def retarget(route: TargetRoute, body: bytes) -> Retarget:
     try:
         new_body = parse_body(body).model_replaced(route.model_ref)
     except BodyError as exc:
         raise RetargetError(f"retry body unreadable: {exc}") from None
-    set_headers = [(":path", route.path), ("content-length", str(body_size(new_body)))]
-    if route.credential is not None:
-        set_headers.append(route.credential)
-    own = route.credential[0] if route.credential else None
-    return Retarget(tuple(set_headers), runtime.retry_removals[own], new_body)
+    set_headers = ((":path", route.path), ("content-length", str(body_size(new_body))))
+    return Retarget(set_headers, (), new_body)

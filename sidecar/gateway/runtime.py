@@ -1,6 +1,11 @@
 """Everything the gateway needs at request time, computed once from the configuration:
-caller token digests, per-target upstream cluster, path, credential header and model, and
-each group's attempt bounds as the Envoy headers that carry them."""
+caller token digests, per-target upstream cluster, path and model, and each group's attempt
+bounds as the Envoy headers that carry them.
+
+Provider keys are not here: Envoy injects them per target cluster
+(envoy_config/credentials.py), so the sidecar never holds a key it could hand out.
+`provider_key_problems` only checks, for start-up and `check-config --secrets`, that each key
+can be read, and keeps nothing."""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.config.models import Caller, Credential, SidecarConfig
+from sidecar.config.models import Caller, SidecarConfig
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
 from sidecar.envoy_contract import target_cluster_name
+from sidecar.header_policy import forwarded_request_headers
 from sidecar.routing.router import Router
 
 
@@ -28,7 +34,6 @@ class StartupError(Exception):
 class TargetRoute:
     cluster: str
     path: str
-    credential: tuple[str, str] | None
     model_ref: str
 
 
@@ -44,14 +49,21 @@ def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str],
     )
 
 
-def credential_header(credential: Credential, dialect: Dialect, key: str) -> tuple[str, str]:
-    """The header that carries `key` upstream. Header default: `x-api-key` for Anthropic,
-    `authorization` otherwise; prefix default: `Bearer ` on `authorization`, else none."""
-    header = credential.header or ("x-api-key" if dialect.is_anthropic else "authorization")
-    prefix = credential.prefix
-    if prefix is None:
-        prefix = "Bearer " if header == "authorization" else ""
-    return header, prefix + key
+def provider_key_problems(config: SidecarConfig,
+                          environ: Mapping[str, str] | None = None) -> list[str]:
+    """Each provider key a target needs that cannot be read, named by where it was
+    expected (variable or file), never by value. The values read are dropped at once."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    for name in sorted({t.provider for g in config.models.values() for t in g.targets}):
+        credential = config.providers[name].credential
+        if credential is None:
+            continue
+        try:
+            credential_value(credential, environ)
+        except SecretError as exc:
+            problems.append(f"providers.{name}.credential: {exc}")
+    return problems
 
 
 class Runtime:
@@ -71,19 +83,10 @@ class Runtime:
                 problems.append(f"callers[{index}] ({caller.name}): same token as "
                                 f"'{self.callers_by_digest[digest].name}'")
             self.callers_by_digest[digest] = caller
-        keys: dict[str, str] = {}
-        for name in sorted({t.provider for g in config.models.values() for t in g.targets}):
-            credential = config.providers[name].credential
-            if credential is None:
-                continue
-            try:
-                keys[name] = credential_value(credential, environ)
-            except SecretError as exc:
-                problems.append(f"providers.{name}.credential: {exc}")
         if problems:
             raise StartupError(problems)
-        # Keyed by (group, target index, dialect): the path and credential header depend on
-        # the dialect the caller speaks; the cluster does not (providers are single-origin).
+        # Keyed by (group, target index, dialect): the path depends on the dialect the
+        # caller speaks; the cluster does not (providers are single-origin).
         self.routes: dict[tuple[str, int, Dialect], TargetRoute] = {}
         # The same routes by (cluster, dialect), for retargeting a retry to its cluster.
         self.cluster_routes: dict[tuple[str, Dialect], TargetRoute] = {}
@@ -98,22 +101,11 @@ class Runtime:
                 self.cluster_groups[cluster] = group_name
                 for dialect in config.target_dialects(target):
                     base_path = urlsplit(provider.base_url_for(dialect)).path.rstrip("/")
-                    header = None
-                    if provider.credential is not None:
-                        key = keys[target.provider]
-                        header = credential_header(provider.credential, dialect, key)
                     route = TargetRoute(cluster=cluster, path=base_path + dialect.endpoint,
-                                        credential=header, model_ref=target.model_ref)
+                                        model_ref=target.model_ref)
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
-        # Every header that carries some provider's key: a retry to another provider must
-        # not carry the previous target's key along.
-        credential_headers = {route.credential[0] for route in self.routes.values()
-                              if route.credential}
-        # What a retry to a target removes: every other provider's key header.
-        self.retry_removals: dict[str | None, tuple[str, ...]] = {
-            own: tuple(sorted(credential_headers - {own}))
-            for own in (None, *credential_headers)}
+        self.forwarded_headers = forwarded_request_headers(config)
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
 
     def groups_for(self, caller: Caller) -> list[str]:

@@ -16,10 +16,18 @@ if TYPE_CHECKING:
 # gRPC status codes used here (grpc/doc/statuscodes.md).
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT = 0, 1, 2, 3
 NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 5, 8, 12, 13, 14
+UNAUTHENTICATED = 16
+
+
+class UndecodableMessage(Exception):
+    """Raised by a handler whose message cannot be decoded (protobuf's DecodeError is taken
+    the same way): the call ends with INVALID_ARGUMENT and one rate-limited WARNING line, no
+    traceback. It is the peer's fault, not a bug here."""
 
 
 class Handler(Protocol):
-    """What a method does with one call. Exceptions end the call with INTERNAL."""
+    """What a method does with one call. Exceptions end the call with INTERNAL (and a
+    rate-limited traceback); UndecodableMessage with INVALID_ARGUMENT."""
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         """`payload` may be a view of the connection's buffer, valid only during the call:
@@ -36,17 +44,28 @@ HandlerFactory = Callable[[], Handler]
 
 
 class Call:
-    __slots__ = ("_connection", "finished", "handler", "headers_sent", "id", "inbox",
-                 "pending_data", "pending_trailers", "recv_unacked", "remote_closed",
-                 "send_window")
+    __slots__ = ("_connection", "credit_due", "expected", "finished", "handler", "headers_sent",
+                 "id", "inbox", "max_message", "method", "pending_data", "pending_trailers",
+                 "recv_window", "remote_closed", "reserved", "send_window")
 
-    def __init__(self, connection: Connection, stream_id: int, send_window: int) -> None:
+    def __init__(self, connection: Connection, stream_id: int, send_window: int,
+                 recv_window: int, method: bytes = b"", max_message: int = 0) -> None:
         self._connection = connection
         self.id = stream_id
+        self.method = method
+        self.max_message = max_message
         self.handler: Handler | None = None
+        # The bytes of an unfinished message (at most one per call: messages on a stream
+        # come one after another), and what is reserved for it: its whole framed size once
+        # its prefix is in, of which `expected` bytes have not arrived yet.
         self.inbox = bytearray()
+        self.reserved = 0
+        self.expected = 0
         self.send_window = send_window
-        self.recv_unacked = 0
+        # Receive flow control: the credit the peer has on this stream, and credit earned
+        # (bytes consumed, or a reservation made) but not yet sent in a WINDOW_UPDATE.
+        self.recv_window = recv_window
+        self.credit_due = 0
         self.pending_data = bytearray()  # waiting for flow-control window
         self.pending_trailers: bytes | None = None
         self.headers_sent = False

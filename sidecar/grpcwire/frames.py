@@ -69,8 +69,8 @@ def rst_stream(stream_id: int, code: int) -> bytes:
     return frame(RST_STREAM, 0, stream_id, struct.pack(">I", code))
 
 
-def goaway(last_stream_id: int, code: int) -> bytes:
-    return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream_id, code))
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream_id, code) + debug)
 
 
 def _integer(value: int, prefix_bits: int, first: int) -> bytes:

@@ -39,6 +39,8 @@ class FrameWriter:
         self._flush_unless_reading()
 
     def finish_call(self, call: Call, status: int, message: str) -> None:
+        if call.reserved:
+            self._drop_inbox(call)
         if call.headers_sent:
             block = f.trailers(status, message)
         else:  # trailers-only response
@@ -49,8 +51,24 @@ class FrameWriter:
             call.pending_trailers = trailers
         else:
             self._out += trailers
-            self._calls.pop(call.id, None)
+            calls = self._calls  # (_forget, inlined: once per call)
+            calls.pop(call.id, None)
+            if not calls:
+                self._became_idle()
         self._flush_unless_reading()
+
+    def _forget(self, call: Call) -> None:
+        """The call leaves the table of open calls."""
+        calls = self._calls
+        calls.pop(call.id, None)
+        if not calls:
+            self._became_idle()
+
+    def _drop_inbox(self, call: Call) -> None:
+        """Hook: a call with a reserved (unfinished) message is finished."""
+
+    def _became_idle(self) -> None:
+        """Hook: the connection has no open call now."""
 
     def _block(self, block: bytes) -> bytes:
         """Our blocks never use the peer's table, but after the peer shrinks it the next
@@ -121,7 +139,7 @@ class FrameWriter:
         if call.pending_trailers is not None:
             self._out += call.pending_trailers
             call.pending_trailers = None
-            self._calls.pop(call.id, None)
+            self._forget(call)
         self._flush_unless_reading()
 
     def _flush_unless_reading(self) -> None:

@@ -1,36 +1,65 @@
 """A small gRPC server for synchronous method handlers: listen, route calls by method path,
-stop gracefully. See connection.py for why the sidecar has its own."""
+stop gracefully. See connection.py for why the sidecar has its own, and limits.py for what
+bounds a peer."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
+from collections.abc import Callable
 
+from sidecar.grpcwire.auth import OPEN_METHODS, ChannelAuth
 from sidecar.grpcwire.call import HandlerFactory
 from sidecar.grpcwire.connection import Connection
+from sidecar.grpcwire.counters import ServerCounters
+from sidecar.grpcwire.limits import ServerLimits
+from sidecar.grpcwire.ratelimit import LogLimiter
+
+log = logging.getLogger("sidecar.grpcwire")
 
 
 class GrpcServer:
-    def __init__(self, max_message_bytes: int = 4 * 1024 * 1024,
-                 max_concurrent_calls: int = 10_000) -> None:
-        """`max_concurrent_calls` bounds the calls open at once per connection (announced
-        to the peer; Envoy opens another connection beyond it), and with the message limit
-        the memory a peer can make us hold."""
+    def __init__(self, limits: ServerLimits | None = None, *, auth: ChannelAuth | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 **overrides: int | float) -> None:
+        """`limits` (defaults in limits.py), with any of its fields overridden by keyword,
+        e.g. `GrpcServer(max_message_bytes=...)`: a larger message limit grows the buffer
+        caps with it unless they are given too (ServerLimits.with_changes).
+
+        With `auth`, every call but those of `OPEN_METHODS` (health) must carry the channel
+        token in its metadata; without, every peer is trusted. `clock` paces the log rate
+        limiter (the connection timers use the event loop's clock)."""
+        limits = limits or ServerLimits()
+        self.limits = limits.with_changes(**overrides) if overrides else limits
+        self.auth = auth
+        self.open_methods = OPEN_METHODS
+        self.counters = ServerCounters()
+        self.log = LogLimiter(log, self.limits.log_burst, self.limits.log_interval, clock,
+                              self.counters)
         self.methods: dict[bytes, HandlerFactory] = {}
+        # per method path: its factory, message size limit, and whether it is open to
+        # peers without the channel token
+        self.routes: dict[bytes, tuple[HandlerFactory, int, bool]] = {}
         self.connections: set[Connection] = set()
-        self.max_message_bytes = max_message_bytes
-        self.max_concurrent_calls = max_concurrent_calls
         self.port = 0
         self._listener: asyncio.Server | None = None
 
     def add_method(self, service: str, method: str, factory: HandlerFactory) -> None:
-        self.methods[f"/{service}/{method}".encode()] = factory
+        path = f"/{service}/{method}".encode()
+        self.methods[path] = factory
+        is_open = path in self.open_methods
+        limit = (self.limits.open_method_message_bytes if is_open
+                 else self.limits.max_message_bytes)
+        self.routes[path] = (factory, limit, is_open)
 
     async def start(self, host: str, port: int) -> None:
         """Raises OSError when the address cannot be bound."""
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
-            lambda: Connection(self), host, port, family=_family(host), reuse_address=True)
+            lambda: Connection(self, loop), host, port, family=_family(host),
+            reuse_address=True)
         self.port = self._listener.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float | None = None) -> None:
@@ -48,6 +77,7 @@ class GrpcServer:
         if self._listener is not None:
             await self._listener.wait_closed()
             self._listener = None
+        self.log.flush()
 
 
 def _family(host: str) -> socket.AddressFamily:

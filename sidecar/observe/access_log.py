@@ -17,11 +17,13 @@ from collections.abc import Mapping
 
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2
+from google.protobuf.message import DecodeError
 
 from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_KEY, USAGE_NAMESPACE
-from sidecar.grpcwire.call import Call
+from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.observe.attempts import Attempt, AttemptTracker
 from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
 from sidecar.observe.store import ObservationStore
 
 log = logging.getLogger("sidecar.observe")
@@ -61,13 +63,19 @@ def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
     return Outcome.OK
 
 
+# Envoy's own failures on a reply the provider sent whole: not the target's doing.
+_GATEWAY_FAILURES = frozenset({"response_payload_too_large"})
+
+
 def observation_of(entry: al.HTTPAccessLogEntry,
                    targets: Mapping[str, str]) -> Observation | None:
     """`targets` maps cluster names to ``provider/model_ref``. Entries not served by one of
-    them (the sidecar's own replies, cache hits, other routes) are not observations."""
+    them (the sidecar's own replies, cache hits, other routes) are not observations, nor
+    replies that Envoy itself failed to pass on."""
     common = entry.common_properties
     target = targets.get(common.upstream_cluster)
-    if target is None or common.response_flags.response_from_cache_filter:
+    if (target is None or common.response_flags.response_from_cache_filter
+            or entry.response.response_code_details in _GATEWAY_FAILURES):
         return None
     status = entry.response.response_code.value
     first_tx = _ms(common.time_to_first_upstream_tx_byte) or 0.0
@@ -75,8 +83,15 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     last_rx = _ms(common.time_to_last_upstream_rx_byte)
     tokens = None
     usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
-    if usage is not None and USAGE_KEY in usage.fields:
-        tokens = int(usage.fields[USAGE_KEY].number_value)
+    usage_keys = usage.fields if usage is not None else {}
+    if USAGE_KEY in usage_keys:
+        tokens = int(usage_keys[USAGE_KEY].number_value)
+    outcome = outcome_of(common.response_flags, status)
+    if outcome is Outcome.OK and 200 <= status < 300:
+        headers = entry.response.response_headers
+        if invalid_body(headers.get(CONTENT_TYPE, ""), headers.get(CONTENT_ENCODING, ""),
+                        usage_keys):
+            outcome = Outcome.INVALID_RESPONSE
     upstream_ms = (last_rx - first_tx) if last_rx is not None else None
     latency_ms = _ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration)
     if common.upstream_request_attempt_count > 1:
@@ -85,7 +100,7 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         latency_ms = upstream_ms
     return Observation(
         target=target,
-        outcome=outcome_of(common.response_flags, status),
+        outcome=outcome,
         latency_ms=latency_ms,
         ttfb_ms=(first_rx - first_tx) if first_rx is not None else None,
         upstream_ms=upstream_ms,
@@ -161,7 +176,10 @@ class AccessLogStream:
         self._per_attempt = False
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
-        message = als_pb2.StreamAccessLogsMessage.FromString(payload)
+        try:
+            message = als_pb2.StreamAccessLogsMessage.FromString(payload)
+        except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
+            raise UndecodableMessage(str(error)) from None
         if message.HasField("identifier"):
             self._per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME
         self._receiver.receive(message, self._per_attempt)

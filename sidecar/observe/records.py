@@ -19,6 +19,8 @@ class Outcome(StrEnum):
     RESET = "reset"                        # upstream reset or terminated the stream
     UPSTREAM_TIMEOUT = "upstream_timeout"  # route or per-try timeout, stream idle timeout
     DECODE_ERROR = "decode_error"          # upstream protocol error
+    INVALID_RESPONSE = "invalid_response"  # a 2xx whose body is not what the dialect promises
+    #                                        (an error object, HTML, garbage SSE)
     CLIENT_CANCEL = "client_cancel"        # the caller went away first
 
     @property
@@ -28,7 +30,8 @@ class Outcome(StrEnum):
 
 
 _ERRORS = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_FAILURE,
-                     Outcome.RESET, Outcome.DECODE_ERROR, Outcome.PROVIDER_REJECTED})
+                     Outcome.RESET, Outcome.DECODE_ERROR, Outcome.PROVIDER_REJECTED,
+                     Outcome.INVALID_RESPONSE})
 
 
 @dataclass(frozen=True, slots=True)

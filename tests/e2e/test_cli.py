@@ -60,10 +60,13 @@ def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
                       "models: {g: {targets: [{provider: p, model_ref: m}]}}\n")
     port = free_port()
     log = tmp_path / "serve.log"
+    token = tmp_path / "grpc-token"
+    token.write_text("t" * 40 + "\n")
     with open(log, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "sidecar", "serve", "--config", str(config),
-             "--listen", f"127.0.0.1:{port}", "--admin-http", f"127.0.0.1:{free_port()}"],
+             "--listen", f"127.0.0.1:{port}", "--admin-http", f"127.0.0.1:{free_port()}",
+             "--grpc-token-file", str(token)],
             stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -83,15 +86,52 @@ def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
             process.wait()
 
 
-def test_serve_refuses_to_start_without_provider_keys(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = sidecar("serve", "--config", str(FIXTURES / "spec_sample.yaml"),
-                     "--listen", f"127.0.0.1:{free_port()}",
-                     env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "", "OPENAI_API_KEY": ""})
+def test_serve_refuses_to_start_without_a_usable_channel_token(tmp_path: Path) -> None:
+    """The gRPC port serves only the Envoy holding the token; `serve` needs no provider key
+    (Envoy injects those), but it will not start with a missing or weak token."""
+    short = tmp_path / "short"
+    short.write_text("too-short")
+    for path, message in ((tmp_path / "missing", "cannot read the gRPC channel token file"),
+                          (short, "must have at least 32 characters")):
+        started = time.monotonic()
+        result = sidecar("serve", "--config", str(FIXTURES / "spec_sample.yaml"),
+                         "--listen", f"127.0.0.1:{free_port()}", "--grpc-token-file", str(path),
+                         env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "",
+                              "OPENAI_API_KEY": ""})
+        assert result.returncode == 2
+        assert time.monotonic() - started < 30
+        assert message in result.stderr
+        assert "too-short" not in result.stderr
+
+
+def test_up_refuses_to_start_without_provider_keys(tmp_path: Path) -> None:
+    result = sidecar("up", "--config", str(FIXTURES / "spec_sample.yaml"),
+                     "--listen", f"127.0.0.1:{free_port()}", "--admin", f"127.0.0.1:{free_port()}",
+                     "--ext-proc", f"127.0.0.1:{free_port()}",
+                     "--admin-http", f"127.0.0.1:{free_port()}",
+                     env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "", "OPENAI_API_KEY": "o"})
     assert result.returncode == 2
-    assert time.monotonic() - started < 30
-    for name in ("BASETEN_API_KEY", "MINIMAX_API_KEY", "OPENAI_API_KEY"):
+    for name in ("BASETEN_API_KEY", "MINIMAX_API_KEY"):
         assert f"environment variable {name} is not set" in result.stderr
+    assert "OPENAI_API_KEY" not in result.stderr
+
+
+def test_render_envoy_makes_a_channel_token_once_and_the_sds_files(tmp_path: Path) -> None:
+    token = tmp_path / "run" / "grpc-token"
+    args = ("render-envoy", "--config", str(FIXTURES / "spec_sample.yaml"),
+            "--grpc-token-file", str(token), "--secrets-dir", str(tmp_path / "sds"),
+            "--sds-output", str(tmp_path / "sds"))
+    first = sidecar(*args)
+    assert first.returncode == 0, first.stderr
+    value = token.read_text().strip()
+    assert value in first.stdout and token.stat().st_mode & 0o077 == 0
+    again = sidecar(*args)
+    assert token.read_text().strip() == value and value in again.stdout
+    names = sorted(p.name for p in (tmp_path / "sds").iterdir())
+    assert names == ["provider_key__baseten.yaml", "provider_key__minimax.yaml",
+                     "provider_key__openai.yaml"]
+    placeholder = sidecar("render-envoy", "--config", str(FIXTURES / "spec_sample.yaml"))
+    assert "placeholder channel token" in placeholder.stderr
 
 
 def test_render_envoy_and_demo_config_print_usable_files(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ def test_up_defaults_are_the_documented_loopback_ports() -> None:
 
 
 def test_serve_and_observations_defaults() -> None:
-    serve = _parser().parse_args(["serve", "--config", "x.yaml"])
+    serve = _parser().parse_args(["serve", "--config", "x.yaml", "--grpc-token-file", "t"])
     assert (serve.listen, serve.admin_http) == ("127.0.0.1:50051", "127.0.0.1:50052")
     observations = _parser().parse_args(["observations"])
     assert observations.admin_http == "127.0.0.1:50052" and observations.format == "table"

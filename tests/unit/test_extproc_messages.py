@@ -76,8 +76,9 @@ def test_routed_request_sets_the_attempt_order_with_raw_values_and_clears_route_
     first, second = run(headers_message("/v1/chat/completions",
                                         **{"x-envoy-max-retries": "9", "x-route-cluster": "x"}),
                         body_message(b'{"model":"g","messages":[]}'))
-    assert list(first.request_headers.response.header_mutation.remove_headers) == [
-        "x-envoy-max-retries"]
+    # Everything not on the allowlist goes, the caller's token and Envoy controls included.
+    assert sorted(first.request_headers.response.header_mutation.remove_headers) == [
+        "authorization", "x-envoy-max-retries", "x-route-cluster"]
     common = second.request_body.response
     assert common.clear_route_cache is True
     order = json_format.MessageToDict(second.dynamic_metadata)["sidecar.route"]
@@ -88,7 +89,7 @@ def test_routed_request_sets_the_attempt_order_with_raw_values_and_clears_route_
     sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
     assert sets[":path"].raw_value == b"/v1/chat/completions"
     assert sets[":path"].value == ""  # `value` is ignored by Envoy for mutations
-    assert sets["authorization"].raw_value == b"Bearer provider-key"
+    assert "authorization" not in sets  # Envoy injects the provider's key itself
     assert sets["x-envoy-max-retries"].raw_value == b"1"
     assert sets["x-envoy-upstream-rq-per-try-timeout-ms"].raw_value == b"20000"
     assert sets["x-envoy-upstream-rq-timeout-ms"].raw_value == b"90000"
@@ -122,15 +123,19 @@ def test_unexpected_phase_never_stalls_and_bad_input_never_crashes() -> None:
     assert reply.immediate_response.status.code == 400
 
 
-def test_a_retry_is_rewritten_for_its_own_target_and_drops_the_previous_key() -> None:
+def test_a_retry_is_rewritten_for_its_own_target_and_carries_no_key() -> None:
+    """Regression (issue 13, finding 1): a peer that named a target cluster in the
+    attributes got that provider's key back. No answer carries any key now."""
     first, second = run(attempt_headers("target__g__1__other", "/v1/chat/completions"),
                         body_message(b'{"model":"real","messages":[]}'))
     assert first.HasField("request_headers")
     common = second.request_body.response
     sets = {h.header.key: h.header.raw_value for h in common.header_mutation.set_headers}
     assert sets[":path"] == b"/other/v1/chat/completions"
-    assert sets["x-other-key"] == b"other-key"
-    assert list(common.header_mutation.remove_headers) == ["authorization"]
+    assert b"other-key" not in second.SerializeToString()
+    assert b"provider-key" not in second.SerializeToString()
+    assert set(sets) == {":path", "content-length"}
+    assert not common.header_mutation.remove_headers
     assert json.loads(common.body_mutation.body) == {"model": "second", "messages": []}
     assert sets["content-length"] == str(len(common.body_mutation.body)).encode()
     assert not common.clear_route_cache  # the attempt's cluster is already chosen

@@ -56,41 +56,44 @@ def forward(gateway: Gateway, path: str, body: dict, **extra: str) -> Forward:
     return outcome
 
 
-def test_forward_rewrites_model_path_cluster_and_credentials(gateway: Gateway) -> None:
+def test_forward_rewrites_model_path_and_cluster_and_carries_no_key(gateway: Gateway) -> None:
     outcome = forward(gateway, "/v1/chat/completions?x=1", {"model": "g", "messages": []})
     sets = dict(outcome.set_headers)
     assert json.loads(outcome.body) == {"model": "real-model", "messages": []}
     assert sets[":path"] == "/prefix/v1/chat/completions"
     assert outcome.attempts == ("target__g__0__local",)
-    assert sets["authorization"] == "Bearer provider-key"
     assert sets["content-length"] == str(len(outcome.body))
-    assert "x-api-key" in outcome.remove_headers
-    assert "authorization" not in outcome.remove_headers
+    # Envoy injects the key per target cluster; the sidecar never sets one.
+    assert not {"authorization", "x-api-key"} & set(sets)
 
 
-def test_anthropic_target_gets_x_api_key_and_a_version(gateway: Gateway) -> None:
+def test_the_sidecar_holds_no_provider_key() -> None:
+    """Regression (issue 13, finding 1): any peer of the gRPC port could get a key in a
+    header mutation. The runtime is now built without reading keys at all."""
+    runtime = Runtime(CONFIG, ENV)
+    assert not any(key in repr(vars(runtime)) for key in ENV.values())
+
+
+def test_anthropic_target_gets_a_version(gateway: Gateway) -> None:
     outcome = forward(gateway, "/v1/messages", {"model": "c", "max_tokens": 5, "messages": []})
     sets = dict(outcome.set_headers)
-    assert sets["x-api-key"] == "anth-key"
     assert sets["anthropic-version"] == "2023-06-01"
-    assert "authorization" in outcome.remove_headers
     kept = forward(gateway, "/v1/messages", {"model": "c", "messages": []},
                    **{"anthropic-version": "2024-01-01"})
     assert "anthropic-version" not in dict(kept.set_headers)
 
 
-@pytest.mark.parametrize(("path", "upstream", "header"), [
-    ("/v1/chat/completions", "/oa/v1/chat/completions", "authorization"),
-    ("/v1/responses", "/oa/v1/responses", "authorization"),
-    ("/v1/messages", "/an/v1/messages", "x-api-key"),
+@pytest.mark.parametrize(("path", "upstream"), [
+    ("/v1/chat/completions", "/oa/v1/chat/completions"),
+    ("/v1/responses", "/oa/v1/responses"),
+    ("/v1/messages", "/an/v1/messages"),
 ])
 def test_a_target_serves_every_dialect_its_provider_speaks(
-    gateway: Gateway, path: str, upstream: str, header: str
+    gateway: Gateway, path: str, upstream: str
 ) -> None:
     outcome = forward(gateway, path, {"model": "multi"})
     sets = dict(outcome.set_headers)
     assert sets[":path"] == upstream
-    assert header in sets
     assert outcome.attempts[0] == "target__multi__0__both"
 
 
@@ -117,14 +120,16 @@ def test_lone_surrogate_is_forwarded_untouched_and_bad_json_is_400(gateway: Gate
 def test_explicit_authorization_header_still_gets_the_bearer_prefix() -> None:
     from sidecar.apis import Dialect
     from sidecar.config.models import Credential
-    from sidecar.gateway.runtime import credential_header
+    from sidecar.envoy_config.credentials import credential_header
 
     assert credential_header(Credential(env="K", header="authorization"),
-                             Dialect.OPENAI_CHAT, "k") == ("authorization", "Bearer k")
+                             Dialect.OPENAI_CHAT) == ("authorization", "Bearer ")
     assert credential_header(Credential(env="K", header="api-key"),
-                             Dialect.OPENAI_CHAT, "k") == ("api-key", "k")
+                             Dialect.OPENAI_CHAT) == ("api-key", "")
     assert credential_header(Credential(env="K", header="authorization", prefix="Api-Key "),
-                             Dialect.OPENAI_CHAT, "k") == ("authorization", "Api-Key k")
+                             Dialect.OPENAI_CHAT) == ("authorization", "Api-Key ")
+    assert credential_header(Credential(env="K"), Dialect.ANTHROPIC_MESSAGES) == (
+        "x-api-key", "")
 
 
 def test_affinity_applies_to_dynamic_groups_and_skips_stateful_sessions(gateway: Gateway):
@@ -142,10 +147,36 @@ def test_affinity_applies_to_dynamic_groups_and_skips_stateful_sessions(gateway:
         "not_applicable")
 
 
-def test_keyless_provider_still_strips_the_caller_token(gateway: Gateway) -> None:
+def test_caller_headers_reach_providers_only_by_allowlist(gateway: Gateway) -> None:
+    """Regression (issue 13, finding 10): only five named headers were stripped."""
+    from sidecar.extproc import messages
+
+    caller = headers("/v1/chat/completions", cookie="session=abc", **{
+        "x-custom-token": "t", "x-api-key": "caller-key", "x-envoy-max-retries": "9",
+        "content-type": "application/json", "user-agent": "sdk", "anthropic-beta": "b",
+        "x-forwarded-for": "10.0.0.1", "openai-organization": "org"})
+    removed = set(messages.continue_headers(caller, gateway.forwarded_headers)
+                  .request_headers.response.header_mutation.remove_headers)
+    assert removed == {"authorization", "cookie", "x-custom-token", "x-api-key",
+                       "x-envoy-max-retries", "x-forwarded-for", "openai-organization"}
     outcome = forward(gateway, "/v1/chat/completions", {"model": "k"})
-    assert {"authorization", "x-api-key"} <= set(outcome.remove_headers)
     assert all(TOKEN not in value for _, value in outcome.set_headers)
+
+
+def test_a_providers_pass_request_headers_extend_the_allowlist() -> None:
+    from sidecar.header_policy import foreign_request_headers, forwarded_request_headers
+
+    config = load_config_text("""
+providers:
+  a: {base_url: "http://127.0.0.1:9/v1", pass_request_headers: [X-Trace]}
+  b: {base_url: "http://127.0.0.1:9/v1"}
+models:
+  g: {targets: [{provider: a, model_ref: m}, {provider: b, model_ref: m}]}
+""")
+    assert "x-trace" in forwarded_request_headers(config)
+    # b's cluster removes it (and every cluster the header only Envoy's routing needs)
+    assert foreign_request_headers(config, "b") == ("x-forwarded-proto", "x-trace")
+    assert foreign_request_headers(config, "a") == ("x-forwarded-proto",)
 
 
 def test_x_api_key_authenticates_too(gateway: Gateway) -> None:
@@ -211,11 +242,24 @@ def test_anthropic_callers_get_anthropic_errors(gateway: Gateway) -> None:
         "message": "The model 'hidden' does not exist or you do not have access to it."}}
 
 
-def test_missing_secrets_stop_start_up_naming_only_where_they_were_expected() -> None:
-    with pytest.raises(StartupError) as caught:
-        Runtime(CONFIG, {"LOCAL_KEY": "provider-key"})
-    assert caught.value.problems == [
+def test_missing_keys_are_named_only_by_where_they_were_expected() -> None:
+    from sidecar.gateway.runtime import provider_key_problems
+
+    assert provider_key_problems(CONFIG, {"LOCAL_KEY": "provider-key"}) == [
         "providers.anth.credential: environment variable ANTH_KEY is not set or empty"]
+    assert provider_key_problems(CONFIG, ENV) == []
+
+
+def test_missing_caller_tokens_stop_start_up() -> None:
+    config = load_config_text("""
+callers: [{name: a, token_env: NO_SUCH_TOKEN_VAR}]
+models: {g: {targets: [{provider: local, model_ref: m}]}}
+providers: {local: {base_url: "http://127.0.0.1:9/v1"}}
+""")
+    with pytest.raises(StartupError) as caught:
+        Runtime(config, {})
+    assert caught.value.problems == [
+        "callers[0] (a): environment variable NO_SUCH_TOKEN_VAR is not set or empty"]
 
 
 def test_fallback_order_is_cut_to_max_attempts_and_stateful_responses_get_none(

@@ -24,6 +24,8 @@ ANTHROPIC_PROVIDERS = ("c1", "c2")
 KEYS = {name: f"key-{name}-secret" for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS}
 CONFIG = """\
 observations: {flush_interval_ms: 50, refresh_ms: 10}
+# Below the 8 MiB a reply may be held: the held-reply limit follows it.
+limits: {max_request_body_bytes: 4194304}
 models:
   chain:
     strategy: failover
@@ -47,6 +49,12 @@ models:
       - {provider: a3, model_ref: a3-tools, supports_tools: true}
   stream-chain:
     strategy: failover
+    targets:
+      - {provider: s1, model_ref: s1-model}
+      - {provider: s2, model_ref: s2-model}
+  stream-deadline:
+    strategy: failover
+    fallback: {per_try_timeout_seconds: 0.5, deadline_seconds: 1.0}
     targets:
       - {provider: s1, model_ref: s1-model}
       - {provider: s2, model_ref: s2-model}

@@ -1,0 +1,74 @@
+"""Which headers cross the gateway: by allowlist, in both directions.
+
+A caller's request reaches a provider with only the headers a provider needs to serve it
+(framing, content negotiation, the dialect's version and beta headers, a user agent, the
+request id) plus the names a provider's `pass_request_headers` adds. Cookies, custom
+tokens, tracing and anything else a caller sends stay at the gateway. The caller's own
+credentials are dropped too; Envoy injects the provider's key per attempt
+(envoy_config/credentials.py).
+
+A provider's response reaches the caller with only the headers a client needs (framing,
+content type, the provider's request id, `retry-after`) plus every provider's
+`pass_response_headers`: account and rate-limit headers describe the gateway's provider
+account, not the caller's.
+
+Pseudo-headers (`:path`, ...) are Envoy's and never filtered here.
+"""
+
+from __future__ import annotations
+
+from sidecar.config.models import SidecarConfig
+
+REQUEST_ALLOWLIST = frozenset({
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "accept",
+    "user-agent",
+    "x-request-id",
+    # The dialects' version and feature headers.
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+})
+
+# Kept past the sidecar because Envoy's route lookup needs it (a request without it matches
+# no route), and removed by each target cluster's upstream filters instead.
+ROUTING_ONLY_HEADERS = ("x-forwarded-proto",)
+
+RESPONSE_ALLOWLIST = frozenset({
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "cache-control",
+    "date",
+    "retry-after",
+    "x-request-id",
+    "request-id",  # Anthropic's
+    # Set by Envoy on the way out; listed so the filter never has to know it.
+    "server",
+})
+
+
+def forwarded_request_headers(config: SidecarConfig) -> frozenset[str]:
+    """What may leave the router-level exchange: the allowlist and every provider's extra
+    names (a target cluster removes the extras that are not its own provider's)."""
+    extras = {name for provider in config.providers.values()
+              for name in provider.pass_request_headers}
+    return REQUEST_ALLOWLIST | extras | frozenset(ROUTING_ONLY_HEADERS)
+
+
+def foreign_request_headers(config: SidecarConfig, provider: str) -> tuple[str, ...]:
+    """What `provider`'s cluster removes beyond credentials: the routing-only headers, and
+    extra names other providers pass that `provider` must not receive."""
+    own = set(config.providers[provider].pass_request_headers)
+    others = {name for name_, other in config.providers.items() if name_ != provider
+              for name in other.pass_request_headers}
+    return (*ROUTING_ONLY_HEADERS, *sorted(others - own - REQUEST_ALLOWLIST))
+
+
+def returned_response_headers(config: SidecarConfig) -> frozenset[str]:
+    extras = {name for provider in config.providers.values()
+              for name in provider.pass_response_headers}
+    return RESPONSE_ALLOWLIST | extras

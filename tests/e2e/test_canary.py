@@ -1,0 +1,150 @@
+"""Canary: unique secrets sent through the real stack (a prompt, the caller token, a
+provider key, a caller header, a cookie) and then looked for everywhere an operator or an
+attacker could read: the sidecar's log at debug level (Envoy's stderr shares it, at its
+default level), the decision log, every admin endpoint of the sidecar, Envoy admin's
+`/config_dump`, `/stats` and `/clusters`, and every error body. Only the provider may see
+its own key, and it must see none of the caller's secrets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+pytestmark = pytest.mark.e2e
+
+RUN = uuid.uuid4().hex[:12]
+PROMPT = f"CANARY-PROMPT-{RUN}"
+CALLER_TOKEN = f"canary-caller-token-{RUN}"
+PROVIDER_KEY = f"canary-provider-key-{RUN}"
+SECOND_KEY = f"canary-second-key-{RUN}"
+HEADER = f"CANARY-HEADER-{RUN}"
+COOKIE = f"CANARY-COOKIE-{RUN}"
+CALLER_SECRETS = (PROMPT, CALLER_TOKEN, HEADER, COOKIE,
+                  hashlib.sha256(CALLER_TOKEN.encode()).hexdigest())
+EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Start the stack, send the canaries through every kind of answer, and collect
+    everything readable afterwards: {place: text}."""
+    workdir = tmp_path_factory.mktemp("canary")
+    fakes = [FakeProvider("canary", api_key=PROVIDER_KEY),
+             FakeProvider("second", api_key=SECOND_KEY)]
+    with ProviderThread(fakes) as providers:
+        config = workdir / "config.yaml"
+        key_file = workdir / "second.key"
+        key_file.write_text(SECOND_KEY + "\n")
+        config.write_text(f"""\
+providers:
+  canary: {{base_url: '{providers.base_url("canary")}', credential: {{env: CANARY_KEY}}}}
+  second: {{base_url: '{providers.base_url("second")}', credential: {{file: {key_file}}}}}
+callers: [{{name: canary-team, token_sha256: {CALLER_SECRETS[-1]}}}]
+observations: {{flush_interval_ms: 50, refresh_ms: 10}}
+models:
+  canary-group:
+    strategy: failover
+    targets:
+      - {{provider: canary, model_ref: canary-model}}
+      - {{provider: second, model_ref: second-model}}
+""")
+        log_path = workdir / "up.log"
+        up = UpProcess(["--log-level", "debug", "--config", str(config), "--log-decisions"],
+                       env={"CANARY_KEY": PROVIDER_KEY}, log_path=log_path)
+        with up.running():
+            places = _exercise(up, providers)
+            places |= _collect(up)
+        places["sidecar and Envoy log (debug / warning)"] = log_path.read_text()
+        places["provider canary received"] = _received(providers, "canary")
+        places["provider second received"] = _received(providers, "second")
+        yield places
+
+
+def _received(providers: ProviderThread, name: str) -> str:
+    return "\n".join(json.dumps({"headers": r.headers, "path": r.path})
+                     for r in providers.provider(name).received)
+
+
+def _exercise(up: UpProcess, providers: ProviderThread) -> dict[str, str]:
+    """Every kind of answer, each carrying the canaries: a JSON completion, a stream, a
+    fallback after a 503, a 401, a 404, a 400 and an all-attempts-failed 502."""
+    url = f"{up.base_url}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {CALLER_TOKEN}", "x-canary": HEADER,
+               "cookie": f"session={COOKIE}"}
+    chat = {"model": "canary-group", "messages": [{"role": "user", "content": PROMPT}]}
+    bodies: dict[str, str] = {}
+    with httpx.Client(timeout=10) as client:
+        ok = client.post(url, headers=headers, json=chat)
+        assert ok.status_code == 200, ok.text
+        with client.stream("POST", url, headers=headers, json={**chat, "stream": True}) as stream:
+            assert stream.status_code == 200
+            stream.read()
+        providers.provider("canary").behaviour = Behaviour(status=503)
+        assert client.post(url, headers=headers, json=chat).status_code == 200  # fallback
+        providers.provider("second").behaviour = Behaviour(status=500)
+        failed = client.post(url, headers=headers, json=chat)
+        assert failed.status_code == 502
+        bodies["error 502 (every attempt failed)"] = failed.text
+        providers.provider("canary").behaviour = Behaviour()
+        providers.provider("second").behaviour = Behaviour()
+        wrong_token = client.post(url, json=chat, headers={
+            "authorization": f"Bearer {CALLER_TOKEN}-wrong", "x-canary": HEADER})
+        assert wrong_token.status_code == 401
+        bodies["error 401"] = wrong_token.text
+        unknown = client.post(url, headers=headers, json={**chat, "model": f"nope-{RUN}"})
+        assert unknown.status_code == 404
+        bodies["error 404"] = unknown.text
+        broken = client.post(url, headers=headers, content=b'{"model": "canary-group", ' +
+                             PROMPT.encode())
+        assert broken.status_code == 400
+        bodies["error 400"] = broken.text
+        anthropic = client.post(f"{up.base_url}/v1/messages", headers=headers,
+                                json={**chat, "max_tokens": 5})
+        bodies[f"answer {anthropic.status_code} on /v1/messages"] = anthropic.text
+    return bodies
+
+
+def _collect(up: UpProcess) -> dict[str, str]:
+    places = {}
+    with httpx.Client(timeout=10) as client:
+        for path in ("/observations", "/status", "/healthz", "/metrics"):
+            places[f"sidecar admin {path}"] = client.get(
+                f"http://127.0.0.1:{up.admin_http_port}{path}").text
+        for path in ("/config_dump?include_eds", "/stats", "/stats?format=json",
+                     "/clusters", "/server_info", "/listeners", "/runtime"):
+            places[f"Envoy admin {path}"] = client.get(
+                f"http://127.0.0.1:{up.admin_port}{path}").text
+    return places
+
+
+def test_the_canaries_went_through(run: dict[str, str]) -> None:
+    log = run["sidecar and Envoy log (debug / warning)"]
+    assert " sidecar.decision " in log  # the decision log was on
+    assert '"canary-team"' in log or "canary-team" in log
+    assert "target__canary-group__0__canary" in run["Envoy admin /clusters"]
+
+
+def test_no_secret_appears_anywhere_readable(run: dict[str, str]) -> None:
+    for place, text in run.items():
+        if place.startswith("provider "):
+            continue
+        for secret in EVERY_SECRET:
+            assert secret not in text, f"{secret[:24]}… found in {place}"
+
+
+def test_each_provider_gets_its_own_key_and_none_of_the_callers_secrets(
+        run: dict[str, str]) -> None:
+    canary, second = run["provider canary received"], run["provider second received"]
+    assert PROVIDER_KEY in canary and SECOND_KEY not in canary
+    assert SECOND_KEY in second and PROVIDER_KEY not in second
+    for text in (canary, second):
+        for secret in CALLER_SECRETS:
+            assert secret not in text
