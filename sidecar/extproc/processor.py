@@ -22,8 +22,11 @@ from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.call import Call, UndecodableMessage
+from sidecar.grpcwire.ratelimit import LogLimiter
 
 log = logging.getLogger("sidecar.extproc")
+# Whatever the calls, at most 10 lines of each kind a minute (grpcwire/ratelimit.py).
+_limited = LogLimiter(log, burst=10, interval=60.0)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD = "Process"
@@ -95,7 +98,7 @@ class ProcessStream:
         try:
             return self._step(request)
         except Exception:
-            log.exception("ext_proc stream failed")
+            _limited.exception("stream_failed", "ext_proc stream failed")
             anthropic = self._pending.dialect.is_anthropic if self._pending else False
             return messages.immediate(_internal("internal routing error", anthropic)), True
 
@@ -129,7 +132,8 @@ class ProcessStream:
                 return messages.immediate(outcome), True
             return messages.forward(outcome), True
         # Phases we did not ask for (Envoy config drift): never stall the request.
-        log.warning("unexpected ext_proc message %s; continuing", kind)
+        _limited.warning("unexpected_message", "unexpected ext_proc message %s; continuing",
+                         kind)
         return None, True
 
 

@@ -28,10 +28,12 @@ from sidecar.gateway.retarget import (
     retarget,
 )
 from sidecar.gateway.runtime import Runtime, TargetRoute
+from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 
 log = logging.getLogger("sidecar.gateway")
+_limited = LogLimiter(log, burst=10, interval=60.0)
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
@@ -206,7 +208,7 @@ def _presented_token(headers: Mapping[str, str]) -> str | None:
 
 
 def _retry_refused(exc: RetargetError, path: str) -> Reply:
-    log.error("fallback attempt refused: %s", exc)
+    _limited.warning("retry_refused", "fallback attempt refused: %s", exc)
     dialect = attempt_dialect(path)
     anthropic = dialect.is_anthropic if dialect else False
     return _error(ClientError(502, "The fallback target could not be prepared for this "

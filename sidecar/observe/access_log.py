@@ -21,12 +21,15 @@ from google.protobuf.message import DecodeError
 
 from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_KEY, USAGE_NAMESPACE
 from sidecar.grpcwire.call import Call, UndecodableMessage
+from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
 from sidecar.observe.store import ObservationStore
 
 log = logging.getLogger("sidecar.observe")
+# At most 10 such lines a minute, whatever the entries (grpcwire/ratelimit.py).
+_limited = LogLimiter(log, burst=10, interval=60.0)
 fallback_log = logging.getLogger("sidecar.fallback")
 
 
@@ -150,7 +153,7 @@ class AccessLogReceiver:
                 else:
                     self._request(entry)
             except Exception:  # one odd entry must not end the stream
-                log.exception("unreadable access-log entry skipped")
+                _limited.exception("access_log_entry", "unreadable access-log entry skipped")
 
     def _request(self, entry: al.HTTPAccessLogEntry) -> None:
         observation = observation_of(entry, self._targets)

@@ -171,3 +171,17 @@ def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None
     parsed = ext.ProcessingResponse.FromString(answer.SerializeToString())
     assert parsed == ordinary
     assert parsed.request_body.response.body_mutation.body == body.replace(b'"g"', b'"real"')
+
+
+def test_unexpected_messages_are_logged_at_a_bounded_rate(caplog) -> None:
+    """Issue 13, finding 6: whatever a peer sends, the log grows by a few lines a minute."""
+    import logging
+
+    processor = ExternalProcessor(Gateway(Runtime(CONFIG, {})))
+    odd = ext.ProcessingRequest(response_headers=ext.HttpHeaders())
+    with caplog.at_level(logging.WARNING, logger="sidecar.extproc"):
+        for _ in range(50):
+            response, done = processor.stream().step(odd)
+            assert response is None and done  # never stalls the request
+    lines = [r for r in caplog.records if "unexpected ext_proc message" in r.getMessage()]
+    assert 1 <= len(lines) <= 10
