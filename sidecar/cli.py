@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -263,7 +264,10 @@ def _render_envoy(args: argparse.Namespace) -> int:
 
         write_sds_files(config, args.sds_output)
     if args.output:
-        args.output.write_text(text)
+        # Owner-only: the bootstrap carries the channel token.
+        descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
     else:
         sys.stdout.write(text)
     return 0
@@ -283,8 +287,6 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _demo_providers(args: argparse.Namespace) -> int:
-    import os
-
     from sidecar.devstack.demo import demo_provider_server
 
     host, port = split_host_port(args.listen)

@@ -79,6 +79,7 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     token = (run / "grpc-token").read_text().strip()
     assert len(token) >= 32 and (run / "grpc-token").stat().st_mode & 0o077 == 0
     bootstrap_text = (run / "envoy.yaml").read_text()
+    assert (run / "envoy.yaml").stat().st_mode & 0o077 == 0  # it carries the token
     assert token in bootstrap_text
     envoy_validate(run / "envoy.yaml")
     sds = sorted((run / "secrets").iterdir())
