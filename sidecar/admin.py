@@ -42,6 +42,9 @@ MAX_CONNECTIONS = 64
 class StreamCounter(Protocol):
     active_streams: int
 
+    @property
+    def retry_credentials_received(self) -> int: ...
+
 
 class AdminServer:
     def __init__(self, store: ObservationStore, host: str, port: int,
@@ -108,7 +111,9 @@ class AdminServer:
         if url.path == "/status":
             streams = self._streams.active_streams if self._streams else 0
             grpc = self._grpc_counters() if self._grpc_counters else {}
+            leaked = self._streams.retry_credentials_received if self._streams else 0
             return "200 OK", {"ext_proc_streams": streams,
+                              "retry_credentials_received": leaked,
                               "asyncio_tasks": len(asyncio.all_tasks()),
                               "grpc": grpc,
                               "admin_connections_refused": self.connections_refused}

@@ -266,6 +266,7 @@ def _render_envoy(args: argparse.Namespace) -> int:
     if args.output:
         # Owner-only: the bootstrap carries the channel token.
         descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # also when the file already existed
         with os.fdopen(descriptor, "w") as handle:
             handle.write(text)
     else:

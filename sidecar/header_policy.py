@@ -17,7 +17,11 @@ Pseudo-headers (`:path`, ...) are Envoy's and never filtered here.
 
 from __future__ import annotations
 
-from sidecar.config.models import SidecarConfig
+from sidecar.apis import Dialect
+from sidecar.config.models import Credential, SidecarConfig
+
+# Headers that carry a caller's own credentials; never sent to a provider.
+CALLER_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization")
 
 REQUEST_ALLOWLIST = frozenset({
     "content-type",
@@ -72,3 +76,27 @@ def returned_response_headers(config: SidecarConfig) -> frozenset[str]:
     extras = {name for provider in config.providers.values()
               for name in provider.pass_response_headers}
     return RESPONSE_ALLOWLIST | extras
+
+
+def credential_header(credential: Credential, dialect: Dialect) -> tuple[str, str]:
+    """(header, value prefix) that carries the key. Header default: `x-api-key` for
+    Anthropic, `authorization` otherwise; prefix default: `Bearer ` on `authorization`."""
+    header = (credential.header or ("x-api-key" if dialect.is_anthropic
+                                    else "authorization")).lower()
+    prefix = credential.prefix
+    if prefix is None:
+        prefix = "Bearer " if header == "authorization" else ""
+    return header, prefix
+
+
+def credential_headers(config: SidecarConfig) -> tuple[str, ...]:
+    """Every header name that carries some provider's key, plus the callers' credential
+    headers: what each attempt clears before its own key is injected."""
+    names = set(CALLER_CREDENTIAL_HEADERS)
+    for group in config.models.values():
+        for target in group.targets:
+            credential = config.providers[target.provider].credential
+            if credential is not None:
+                names.update(credential_header(credential, dialect)[0]
+                             for dialect in config.target_dialects(target))
+    return tuple(sorted(names))

@@ -77,21 +77,21 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise ValueError("must be an environment variable name (letters, digits, underscore)")
     return value
 
 
 def _header_name(value: str) -> str:
     lowered = value.lower()
-    if not _HEADER_NAME.match(lowered):
+    if not _HEADER_NAME.fullmatch(lowered):
         raise ValueError("must be an HTTP header name")
     return lowered
 
 
 def _sha256_hex(value: str) -> str:
     lowered = value.lower()
-    if not _SHA256_HEX.match(lowered):
+    if not _SHA256_HEX.fullmatch(lowered):
         raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
     return lowered
 

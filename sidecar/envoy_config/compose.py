@@ -16,7 +16,7 @@ from sidecar.devstack.demo import demo_config_text
 from sidecar.envoy_config.addresses import EnvoyAddresses
 
 COMPOSE_PROVIDERS_URL = "http://demo-providers:18080"
-COMPOSE_ADDRESSES = EnvoyAddresses(listen="0.0.0.0:10000", admin="0.0.0.0:9901",
+COMPOSE_ADDRESSES = EnvoyAddresses(listen="0.0.0.0:10000", admin="127.0.0.1:9901",
                                    ext_proc="sidecar:50051",
                                    ca_bundle="/etc/ssl/certs/ca-certificates.crt",
                                    secrets_dir="/run/sidecar/secrets")

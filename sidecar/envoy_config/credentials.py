@@ -40,28 +40,16 @@ from envoy_data_plane.xds.type.matcher.v3 import (
 )
 
 from sidecar.apis import Dialect
-from sidecar.config.models import Credential, Provider, SidecarConfig, Target
+from sidecar.config.models import Provider, SidecarConfig, Target
 from sidecar.envoy_config.matchers import (
     negated,
     request_header,
     skipped_when,
 )
+from sidecar.header_policy import credential_header
 
 SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
-# Headers that carry a caller's own credentials; never sent to a provider.
-CALLER_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def credential_header(credential: Credential, dialect: Dialect) -> tuple[str, str]:
-    """(header, value prefix) that carries the key. Header default: `x-api-key` for
-    Anthropic, `authorization` otherwise; prefix default: `Bearer ` on `authorization`."""
-    header = (credential.header or ("x-api-key" if dialect.is_anthropic
-                                    else "authorization")).lower()
-    prefix = credential.prefix
-    if prefix is None:
-        prefix = "Bearer " if header == "authorization" else ""
-    return header, prefix
 
 
 def secret_name(provider: str) -> str:
@@ -70,19 +58,6 @@ def secret_name(provider: str) -> str:
 
 def sds_file_name(provider: str) -> str:
     return f"{secret_name(provider)}.yaml"
-
-
-def credential_headers(config: SidecarConfig) -> tuple[str, ...]:
-    """Every header name that carries some provider's key, plus the callers' credential
-    headers: what each attempt clears before its own key is injected."""
-    names = set(CALLER_CREDENTIAL_HEADERS)
-    for group in config.models.values():
-        for target in group.targets:
-            credential = config.providers[target.provider].credential
-            if credential is not None:
-                names.update(credential_header(credential, dialect)[0]
-                             for dialect in config.target_dialects(target))
-    return tuple(sorted(names))
 
 
 def injector_filters(config: SidecarConfig, target: Target, secrets_dir: str) -> list[HttpFilter]:
@@ -159,7 +134,9 @@ def write_sds_files(config: SidecarConfig, directory: Path) -> list[Path]:
     for file_name, text in sds_documents(config).items():
         path = directory / file_name
         partial = directory / f".{file_name}.partial"
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                             0o600)
+        os.fchmod(descriptor, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(text)
         os.replace(partial, path)

@@ -37,6 +37,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
 from envoy_data_plane.envoy.config.route.v3 import RetryPolicy
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
+    HeaderForwardingRules,
     ProcessingMode,
     ProcessingModeBodySendMode,
     ProcessingModeHeaderSendMode,
@@ -49,6 +50,8 @@ from envoy_data_plane.envoy.extensions.filters.http.upstream_codec.v3 import Ups
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
+from envoy_data_plane.envoy.type.matcher.v3 import ListStringMatcher
+from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher as EnvoyStringMatcher
 from envoy_data_plane.google.protobuf import Any
 from envoy_data_plane.xds.type.matcher.v3 import (
     StringMatcher,
@@ -150,11 +153,17 @@ def request_only_mode() -> ProcessingMode:
     )
 
 
-def _retarget_processor(message_timeout_ms: int) -> ExternalProcessor:
+def _retarget_processor(message_timeout_ms: int,
+                        credential_headers: tuple[str, ...]) -> ExternalProcessor:
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
         processing_mode=request_only_mode(),
         request_attributes=[CLUSTER_ATTRIBUTE],
+        # The hook runs before this attempt's credentials are cleared, and header changes
+        # carry over between attempts: without this, the previous attempt's injected key
+        # would travel to the sidecar on every retry. The sidecar never needs a credential.
+        forward_rules=HeaderForwardingRules(disallowed_headers=ListStringMatcher(
+            patterns=[EnvoyStringMatcher(exact=name) for name in credential_headers])),
         message_timeout=timedelta(milliseconds=message_timeout_ms),
         # Never send a retry on with the previous target's key and model.
         failure_mode_allow=False,
@@ -162,17 +171,19 @@ def _retarget_processor(message_timeout_ms: int) -> ExternalProcessor:
     )
 
 
-def attempt_filters(message_timeout_ms: int, cleared_headers: tuple[str, ...],
+def attempt_filters(message_timeout_ms: int, credential_headers: tuple[str, ...],
+                    cleared_headers: tuple[str, ...],
                     injectors: list[HttpFilter]) -> list[HttpFilter]:
     """Upstream HTTP filters of a target cluster: retarget a retry, strip Envoy's headers
     and every credential header (changes carry over between attempts), inject this
     target's key (credentials.py), then the codec (which must come last)."""
     first_attempt = request_header(ATTEMPT_HEADER, StringMatcher(exact="1"))
     strip = HeaderMutation(mutations=Mutations(request_mutations=[
-        HeaderMutationRule(remove=name) for name in (*ENVOY_ATTEMPT_HEADERS, *cleared_headers)]))
+        HeaderMutationRule(remove=name)
+        for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)]))
     return [
         skipped_when(first_attempt, "sidecar.retarget_retry", "envoy.filters.http.ext_proc",
-                     Any.pack(_retarget_processor(message_timeout_ms))),
+                     Any.pack(_retarget_processor(message_timeout_ms, credential_headers))),
         HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip)),
         *injectors,
         HttpFilter(name="envoy.filters.http.upstream_codec",

@@ -83,7 +83,7 @@ from envoy_data_plane.google.protobuf import Any
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
 from sidecar.envoy_config.channel import CHANNEL_TOKEN_PLACEHOLDER, add_channel_token
-from sidecar.envoy_config.credentials import credential_headers, injector_filters
+from sidecar.envoy_config.credentials import injector_filters
 from sidecar.envoy_config.fallback import (
     add_attempt_order,
     attempt_filters,
@@ -108,7 +108,7 @@ from sidecar.envoy_contract import (
     target_cluster_name,
 )
 from sidecar.grpcwire.limits import ServerLimits
-from sidecar.header_policy import foreign_request_headers
+from sidecar.header_policy import credential_headers, foreign_request_headers
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 ENVOY_SIDECAR_IDLE_SECONDS = ServerLimits().idle_timeout * 0.8
@@ -147,8 +147,7 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
             # A bounded reply is held until complete, so one that breaks is retried.
             filters = [hold_bounded_replies(held_reply_limit(
                 config.limits.max_request_body_bytes)), *attempt_filters(
-                message_timeout_ms,
-                (*cleared, *foreign_request_headers(config, target.provider)),
+                message_timeout_ms, cleared, foreign_request_headers(config, target.provider),
                 injector_filters(config, target, addresses.secrets_dir))]
             clusters.append(
                 _target_cluster(

@@ -47,6 +47,10 @@ class ExternalProcessor:
     def max_body_bytes(self) -> int:
         return self.gateway.max_body_bytes
 
+    @property
+    def retry_credentials_received(self) -> int:
+        return self.gateway.retry_credentials_received
+
     def stream(self) -> ProcessStream:
         self.active_streams += 1
         return ProcessStream(self)

@@ -60,6 +60,8 @@ class Gateway:
         self._runtime = runtime
         self._observations = observations
         self._log_decisions = log_decisions
+        # Retries whose headers carried a credential (should stay 0: docs/security.md).
+        self.retry_credentials_received = 0
 
     @property
     def forwarded_headers(self) -> frozenset[str]:
@@ -156,6 +158,10 @@ class Gateway:
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""
+        if not self._runtime.credential_headers.isdisjoint(headers):
+            self.retry_credentials_received += 1
+            _limited.warning("retry_credentials", "a retry's headers carried a credential "
+                             "header; Envoy's bootstrap should withhold them")
         path = headers.get(":path", "")
         try:
             return attempt_route(self._runtime, cluster, path)

@@ -18,7 +18,7 @@ from sidecar.apis import Dialect
 from sidecar.config.models import Caller, SidecarConfig
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
 from sidecar.envoy_contract import target_cluster_name
-from sidecar.header_policy import forwarded_request_headers
+from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router
 
 
@@ -106,6 +106,9 @@ class Runtime:
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
         self.forwarded_headers = forwarded_request_headers(config)
+        # Envoy withholds these from the retry hook (forward_rules); seeing one means the
+        # bootstrap is not the rendered one, and a key reached the sidecar.
+        self.credential_headers = frozenset(credential_headers(config))
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
 
     def groups_for(self, caller: Caller) -> list[str]:

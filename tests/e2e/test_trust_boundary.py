@@ -184,6 +184,9 @@ def test_each_attempt_carries_exactly_its_own_targets_key(fresh: Stack) -> None:
     assert second.headers["x-api-key"] == KEYS["second"]
     assert "authorization" not in second.headers
     assert second.json()["model"] == "second-model"
+    # The retry hook ran (the model was rewritten) and Envoy withheld the first attempt's
+    # injected key from it (forward_rules): the sidecar saw no credential on any retry.
+    assert fresh.admin("/status")["retry_credentials_received"] == 0
 
 
 def test_caller_headers_reach_providers_only_by_allowlist(fresh: Stack) -> None:

@@ -166,3 +166,13 @@ def test_string_values_are_never_echoed() -> None:
         load_config_text("models: {g: {targets: [%s]}}\ncallers: [{name: a, "
                          "token_sha256: sk-live-secret-value}]" % GOOD_TARGET)
     assert "sk-live-secret-value" not in str(caught.value)
+
+
+def test_names_with_a_trailing_newline_are_refused() -> None:
+    """Header names end up inside generated Lua and Envoy config; `$` alone would let a
+    final newline through (review finding)."""
+    for bad in ('pass_response_headers: ["x-resp\\n"]', 'pass_request_headers: ["a\\nb"]',
+                'credential: {env: "KEY\\n"}'):
+        with pytest.raises(ConfigError):
+            load_config_text(f"providers: {{p: {{base_url: 'http://127.0.0.1:9/v1', {bad}}}}}\n"
+                             "models: {g: {targets: [{provider: p, model_ref: m}]}}\n")

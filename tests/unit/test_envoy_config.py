@@ -74,8 +74,11 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     moved = [arg.replace("/run/sidecar", str(tmp_path / "run"))
                 .replace("/etc/sidecar/config.yaml", str(REPO / SIDECAR_CONFIG))
              for arg in command]
-    assert main(moved) == 0
     run = tmp_path / "run"
+    run.mkdir()
+    (run / "envoy.yaml").write_text("left from an earlier start")
+    (run / "envoy.yaml").chmod(0o644)
+    assert main(moved) == 0
     token = (run / "grpc-token").read_text().strip()
     assert len(token) >= 32 and (run / "grpc-token").stat().st_mode & 0o077 == 0
     bootstrap_text = (run / "envoy.yaml").read_text()
@@ -86,6 +89,8 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     assert sds and all("SIDECAR_DEMO_PROVIDER_KEY" in p.read_text() for p in sds)
     flags = dict(zip(command[1::2], command[2::2], strict=False))
     assert flags["--listen"] == COMPOSE_ADDRESSES.listen
+    assert flags["--admin"] == COMPOSE_ADDRESSES.admin == "127.0.0.1:9901"  # never published
+    assert not any("9901" in port for port in services["envoy"].get("ports", []))
     assert flags["--ext-proc"] == COMPOSE_ADDRESSES.ext_proc
     assert flags["--secrets-dir"] == COMPOSE_ADDRESSES.secrets_dir
     # The sidecar reads the token that was made; Envoy gets the provider key, not the sidecar.
@@ -176,6 +181,10 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
         assert matcher["on_match"]["action"]["typed_config"]["@type"].endswith("SkipFilter")
         processor = retarget["typed_config"]["extension_config"]["typed_config"]
         assert processor["request_attributes"] == ["xds.cluster_name"]
+        # The previous attempt's injected key must not travel to the sidecar on a retry.
+        withheld = [m["exact"] for m in
+                    processor["forward_rules"]["disallowed_headers"]["patterns"]]
+        assert withheld == ["authorization", "proxy-authorization", "x-api-key"]
         assert processor.get("failure_mode_allow", False) is False
         removed = [m["remove"] for m in strip["typed_config"]["mutations"]["request_mutations"]]
         # Envoy's per-attempt headers, and every credential header: header changes carry

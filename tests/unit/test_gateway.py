@@ -120,7 +120,7 @@ def test_lone_surrogate_is_forwarded_untouched_and_bad_json_is_400(gateway: Gate
 def test_explicit_authorization_header_still_gets_the_bearer_prefix() -> None:
     from sidecar.apis import Dialect
     from sidecar.config.models import Credential
-    from sidecar.envoy_config.credentials import credential_header
+    from sidecar.header_policy import credential_header
 
     assert credential_header(Credential(env="K", header="authorization"),
                              Dialect.OPENAI_CHAT) == ("authorization", "Bearer ")
