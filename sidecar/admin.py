@@ -9,8 +9,11 @@
 
 A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection,
 GET only, nothing secret in any answer. What one peer can cost is bounded: at most
-`MAX_CONNECTIONS` connections at once (more are closed unanswered), 5 s to send a request
-head of at most 64 KiB and 100 header lines.
+`MAX_CONNECTIONS` connections at once, `HEAD_TIMEOUT` (2 s) to send a request head of at
+most 64 KiB and 100 header lines. Beyond the limit, `HEALTHZ_SPARE` more connections may
+still ask for `/healthz` alone (`HEALTHZ_HEAD_TIMEOUT`, 0.5 s, for their head), so slow
+peers holding every slot do not make a liveness probe fail; anything else is closed
+unanswered and counted.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def observations_document(store: ObservationStore, window_seconds: int) -> dict[
 
 
 MAX_CONNECTIONS = 64
+HEAD_TIMEOUT = 2.0
+HEALTHZ_SPARE = 8
+HEALTHZ_HEAD_TIMEOUT = 0.5
 
 
 class StreamCounter(Protocol):
@@ -54,6 +60,7 @@ class AdminServer:
         self._streams = streams
         self._grpc_counters = grpc_counters
         self._open = 0
+        self._spare = 0
         self.connections_refused = 0
         self.host = host
         self.port = port
@@ -71,26 +78,49 @@ class AdminServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._open >= MAX_CONNECTIONS:
-            self.connections_refused += 1
-            writer.transport.abort()
+            if self._spare >= HEALTHZ_SPARE:
+                self.connections_refused += 1
+                writer.transport.abort()
+                return
+            await self._healthz_only(reader, writer)
             return
         self._open += 1
         try:
-            line = await asyncio.wait_for(self._read_head(reader), 5)
+            line = await asyncio.wait_for(self._read_head(reader), HEAD_TIMEOUT)
             try:
                 status, body = self._route(line.decode("latin-1"))
             except Exception:  # never let a request take the endpoint down
                 status, body = "500 Internal Server Error", {"error": "internal error"}
-            payload = json.dumps(body).encode()
-            writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
-                         f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
-                         .encode() + payload)
-            await writer.drain()
+            await self._answer(writer, status, body)
         except (TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
             pass  # slow, oversized or broken requests are simply dropped
         finally:
             self._open -= 1
             writer.close()
+
+    async def _healthz_only(self, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        """Every slot is taken: one of the few spare connections, for `/healthz` only."""
+        self._spare += 1
+        try:
+            line = await asyncio.wait_for(self._read_head(reader), HEALTHZ_HEAD_TIMEOUT)
+            if line.split(b" ")[:2] == [b"GET", b"/healthz"]:
+                await self._answer(writer, "200 OK", "ok")
+            else:
+                self.connections_refused += 1
+        except (TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+            self.connections_refused += 1
+        finally:
+            self._spare -= 1
+            writer.close()
+
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, status: str, body: object) -> None:
+        payload = json.dumps(body).encode()
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+                     f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
+                     .encode() + payload)
+        await writer.drain()
 
     @staticmethod
     async def _read_head(reader: asyncio.StreamReader) -> bytes:

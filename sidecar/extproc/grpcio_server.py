@@ -49,9 +49,13 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 # takes in a whole message, up to the port's message limit (33 MiB by default), before the
 # adapter sees a byte of it, and grants the peer flow-control credit for it; it has no
 # smaller limit per method. So an unauthenticated peer could make it hold that much per
-# open call: beyond this many reads at once, an open-method call ends with
-# RESOURCE_EXHAUSTED instead of reading (a probe's Check is read in microseconds).
+# open call: at most this many such reads wait at once. A further one makes room by ending
+# the oldest waiting read (RESOURCE_EXHAUSTED), so calls that never send their message cannot
+# lock probes out; a probe's Check is read in microseconds.
 OPEN_METHOD_READS = 4
+# Seconds an open-method read may wait for its message; then the call ends with
+# RESOURCE_EXHAUSTED.
+OPEN_METHOD_READ_TIMEOUT = 1.0
 
 
 class GrpcioCall:
@@ -117,6 +121,7 @@ class GrpcioServer:
         self.port = 0
         self.open_calls = 0
         self.open_method_reads = 0
+        self._open_reads: dict[asyncio.Future[None], None] = {}  # oldest first
         self._log = LogLimiter(log, self.limits.log_burst, self.limits.log_interval,
                                counters=self.counters)
         self._server: grpc.aio.Server | None = None
@@ -178,15 +183,20 @@ class GrpcioServer:
     def route(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         """The call's method handler, or the refusal when the channel token is missing or
         wrong (before any handler exists for the call); None: UNIMPLEMENTED."""
-        handler = self._handlers.get(details.method)  # type: ignore[attr-defined]
-        if handler is None or self.auth is None:
+        method: str = details.method  # type: ignore[attr-defined]
+        handler = self._handlers.get(method)
+        if self.auth is None or method.encode() in OPEN_METHODS:
             return handler
+        # The token first, for every other method, unknown ones included (no method
+        # enumeration without it); a token header given more than once is refused.
         presented = None
         for key, value in details.invocation_metadata:  # type: ignore[attr-defined]
             if key == CHANNEL_TOKEN_HEADER:
+                if presented is not None:
+                    presented = b""
+                    break
                 presented = value.encode() if isinstance(value, str) else value
-                break
-        if self.auth.allows(details.method.encode(), presented):  # type: ignore[attr-defined]
+        if self.auth.allows(method.encode(), presented):
             return handler
         self.counters.unauthenticated_calls += 1
         return _REFUSED
@@ -218,17 +228,13 @@ class GrpcioServer:
                     if reading:
                         if not open_method:
                             payload = await context.read()
-                        elif server.open_method_reads >= OPEN_METHOD_READS:
-                            server.counters.calls_resource_exhausted += 1
-                            server._end(call, handler, RESOURCE_EXHAUSTED,
-                                        "too many calls without the channel token at once")
-                            continue
                         else:
-                            server.open_method_reads += 1
-                            try:
-                                payload = await context.read()
-                            finally:
-                                server.open_method_reads -= 1
+                            payload = await server._open_read(context)
+                            if payload is None:
+                                server.counters.calls_resource_exhausted += 1
+                                server._end(call, handler, RESOURCE_EXHAUSTED,
+                                            "no request message in time")
+                                continue
                         if payload is grpc.aio.EOF:
                             # The client's half-close, or gRPC core ended the call itself
                             # (a message over the limit): the handler cannot tell them
@@ -253,6 +259,29 @@ class GrpcioServer:
                 context.set_details(call.details)
 
         return serve_call
+
+    async def _open_read(self, context: grpc.aio.ServicerContext) -> Any:
+        """Read an open-method call's message: at most OPEN_METHOD_READS at once (a new one
+        ends the oldest waiting one), each for at most OPEN_METHOD_READ_TIMEOUT. None: the
+        read was ended."""
+        waiting = self._open_reads
+        if len(waiting) >= OPEN_METHOD_READS:
+            oldest = next(iter(waiting))
+            del waiting[oldest]
+            oldest.set_result(None)
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting[ended] = None
+        self.open_method_reads += 1
+        read = asyncio.ensure_future(context.read())
+        try:
+            done, _ = await asyncio.wait((read, ended), timeout=OPEN_METHOD_READ_TIMEOUT,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.pop(ended, None)
+            self.open_method_reads -= 1
+            if not read.done():
+                read.cancel()
+        return read.result() if read in done else None
 
     def _dispatch(self, call: GrpcioCall, handler: Any, payload: bytes | None) -> None:
         """One message (or the half-close, None) to the handler; its failure ends only this

@@ -44,9 +44,10 @@ HandlerFactory = Callable[[], Handler]
 
 
 class Call:
-    __slots__ = ("_connection", "credit_due", "expected", "finished", "handler", "headers_sent",
-                 "id", "inbox", "max_message", "method", "pending_data", "pending_trailers",
-                 "recv_window", "remote_closed", "reserved", "send_window")
+    __slots__ = ("_connection", "credit_due", "deadline", "expected", "finished", "handler",
+                 "headers_sent", "id", "inbox", "max_message", "method", "open_method",
+                 "pending_data", "pending_trailers", "recv_window", "remote_closed", "reserved",
+                 "send_window")
 
     def __init__(self, connection: Connection, stream_id: int, send_window: int,
                  recv_window: int, method: bytes = b"", max_message: int = 0) -> None:
@@ -71,6 +72,10 @@ class Call:
         self.headers_sent = False
         self.finished = False
         self.remote_closed = False
+        # A call of a method open without the channel token (health): its own budget, one
+        # request message, and a deadline for it (call_lifecycle.py).
+        self.open_method = False
+        self.deadline: object | None = None
 
     def send(self, message: bytes) -> None:
         """Send one response message (serialized protobuf)."""

@@ -11,6 +11,7 @@ are parsed elsewhere (reading.py, message_splitting.py); they call in here.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
@@ -24,12 +25,17 @@ from sidecar.grpcwire.call import (
     UNAUTHENTICATED,
     UNIMPLEMENTED,
     Call,
+    Handler,
     UndecodableMessage,
 )
+from sidecar.grpcwire.flood import FloodError
 from sidecar.grpcwire.frames import ProtocolError
 from sidecar.grpcwire.headers import check_trailers
 
 if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
     from sidecar.grpcwire.counters import ServerCounters
     from sidecar.grpcwire.headers import HeaderDecoder
     from sidecar.grpcwire.limits import ServerLimits
@@ -52,7 +58,13 @@ class CallLifecycle:
     _last_stream_id: int
     _peer_initial_window: int
     _stream_window: int
+    _authenticated: bool
+    _unauthenticated_calls: int
+    _open_method_calls: int
+    _loop: asyncio.AbstractEventLoop | None
+    _transport: asyncio.Transport | None
     going_away: bool
+    _flush: Callable[[], None]
 
     def _header_block(self, flags: int, stream_id: int, block: bytes) -> None:
         """A whole request header block (HEADERS and any CONTINUATION): a new call, or the
@@ -81,6 +93,8 @@ class CallLifecycle:
         path, token = self._headers.request(block)
         self._last_stream_id = stream_id
         if self.going_away or len(self._calls) >= self._limits.max_concurrent_calls:
+            if not self._authenticated:
+                self._count_unauthenticated()
             self._out += f.rst_stream(stream_id, f.REFUSED_STREAM)
             return
         server = self._server
@@ -90,11 +104,20 @@ class CallLifecycle:
         self._calls[stream_id] = call
         if flags & f.END_STREAM:
             call.remote_closed = True
-        auth = server.auth
-        if auth is not None and not open_method and not auth.allows(path, token):
-            self._counters.unauthenticated_calls += 1  # never logged: counted
-            self._refuse(call, UNAUTHENTICATED, "missing or wrong channel token")
-            return
+        if open_method:
+            if not self._open_call(call, factory):
+                return
+        else:
+            auth = server.auth
+            if auth is not None:
+                if not auth.allows(path, token):
+                    self._counters.unauthenticated_calls += 1  # never logged: counted
+                    self._count_unauthenticated()
+                    self._refuse(call, UNAUTHENTICATED, "missing or wrong channel token")
+                    return
+                if not self._authenticated:
+                    self._authenticated = True
+                    server.unauthenticated.pop(self, None)  # type: ignore[call-overload]
         if factory is None:
             self._refuse(call, UNIMPLEMENTED, f"unknown method {path[:200].decode('latin-1')}")
             return
@@ -105,8 +128,55 @@ class CallLifecycle:
             server.log.exception("handler", "gRPC handler of %s could not start", _name(call))
             self._refuse(call, INTERNAL, "internal error")
             return
+        if open_method:
+            call.handler = _OneMessage(self, call.handler)
         if call.remote_closed:
             self._dispatch(call, None)
+
+    # --- calls without the channel token: their own small budget -------------------------
+
+    def _count_unauthenticated(self) -> None:
+        """A call without the token on a connection that has made no authenticated one
+        (Envoy makes none): past `max_unauthenticated_calls`, GOAWAY ENHANCE_YOUR_CALM."""
+        self._unauthenticated_calls += 1
+        if self._unauthenticated_calls > self._limits.max_unauthenticated_calls:
+            raise FloodError("too many calls without the channel token")
+
+    def _open_call(self, call: Call, factory: object) -> bool:
+        """A call of an open method (health): at most `max_open_method_calls` at once on
+        the connection, and `open_method_timeout` to deliver its one request message."""
+        if not self._authenticated:
+            self._count_unauthenticated()
+        if self._open_method_calls >= self._limits.max_open_method_calls:
+            self._counters.calls_resource_exhausted += 1
+            self._refuse(call, RESOURCE_EXHAUSTED, "too many health calls at once")
+            return False
+        if factory is None:
+            return True
+        call.open_method = True
+        self._open_method_calls += 1
+        if self._loop is not None:
+            call.deadline = self._loop.call_later(self._limits.open_method_timeout,
+                                                  partial(self._open_call_expired, call))
+        return True
+
+    def _open_call_expired(self, call: Call) -> None:
+        """An open-method call has not answered (so has not had its request message) by
+        its deadline: it ends, and whatever it reserved goes."""
+        call.deadline = None
+        if call.finished or call.headers_sent or self._transport is None:
+            return
+        self._exhausted(call, "no request message in time")
+        consume(call, "inbox", len(call.inbox))
+        self._flush()
+
+    def _open_call_ended(self, call: Call) -> None:
+        """(A FrameWriter hook: an open-method call is finished or cancelled.)"""
+        self._open_method_calls -= 1
+        deadline = call.deadline
+        if deadline is not None:
+            call.deadline = None
+            deadline.cancel()  # type: ignore[attr-defined]
 
     def _dispatch(self, call: Call, message: bytes | memoryview | None) -> None:
         """Hand a message (or the client's half-close, None) to the call's handler."""
@@ -165,6 +235,8 @@ class CallLifecycle:
         consume(call, "inbox", len(call.inbox))
         if not call.finished:
             call.finished = True
+            if call.open_method:
+                self._open_call_ended(call)
             self._tell_cancelled(call)
 
     def _tell_cancelled(self, call: Call) -> None:
@@ -175,6 +247,34 @@ class CallLifecycle:
                 self._counters.handler_errors += 1
                 self._server.log.exception("handler", "gRPC handler of %s failed on cancel",
                                            _name(call))
+
+
+class _OneMessage:
+    """An open-method call takes exactly one request message: a second one ends it
+    (INVALID_ARGUMENT; the client is told to stop sending)."""
+
+    __slots__ = ("_connection", "_handler", "_seen")
+
+    def __init__(self, connection: CallLifecycle, handler: Handler | None) -> None:
+        self._connection = connection
+        self._handler = handler
+        self._seen = False
+
+    def on_message(self, call: Call, payload: bytes | memoryview) -> None:
+        if self._seen:
+            self._connection._end(call, INVALID_ARGUMENT, "one request message per call")
+            return
+        self._seen = True
+        if self._handler is not None:
+            self._handler.on_message(call, payload)
+
+    def on_half_close(self, call: Call) -> None:
+        if self._handler is not None:
+            self._handler.on_half_close(call)
+
+    def on_cancel(self) -> None:
+        if self._handler is not None:
+            self._handler.on_cancel()
 
 
 def _name(call: Call) -> str:

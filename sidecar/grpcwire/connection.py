@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call_lifecycle import CallLifecycle
+from sidecar.grpcwire.flood import Budget, FloodError
 from sidecar.grpcwire.frames import ProtocolError
 from sidecar.grpcwire.message_splitting import MessageSplitter
 from sidecar.grpcwire.reading import FrameReader
@@ -54,6 +55,17 @@ class Connection(FrameReader, MessageSplitter, CallLifecycle, ReceiveCredit, Con
         self._peer = "?"
         self.going_away = False
         self._refused = False
+        # What a peer without the channel token may cost (flood.py, call_lifecycle.py).
+        self._authenticated = server.auth is None
+        self._unauthenticated_calls = 0
+        self._open_method_calls = 0
+        clock = self._clock = server.clock
+        now = clock()
+        burst, rate = limits.flood_burst, limits.flood_rate
+        self._ping_budget = Budget(burst, rate, now)
+        self._settings_budget = Budget(burst, rate, now)
+        self._reset_budget = Budget(burst, rate, now)
+        self._empty_budget = Budget(burst, rate, now)
         self._init_reading(limits)
         self._init_credit(limits)
         self._init_timers(loop)
@@ -76,6 +88,11 @@ class Connection(FrameReader, MessageSplitter, CallLifecycle, ReceiveCredit, Con
         server.connections.add(self)
         self._counters.connections_open += 1
         self._peer = _peer_name(transport)
+        if not self._authenticated:
+            waiting = server.unauthenticated
+            waiting[self] = None
+            if len(waiting) > limits.max_unauthenticated_connections:
+                next(iter(waiting))._evict()
         self._out += f.settings({
             f.SETTINGS_ENABLE_PUSH: 0,
             f.SETTINGS_MAX_CONCURRENT_STREAMS: limits.max_concurrent_calls,
@@ -94,6 +111,8 @@ class Connection(FrameReader, MessageSplitter, CallLifecycle, ReceiveCredit, Con
         self._reading = True
         try:
             self._receive(data)
+        except FloodError as error:
+            self._calm(str(error))
         except ProtocolError as error:
             self._counters.protocol_errors += 1
             self._server.log.warning("protocol", "closing gRPC connection from %s: %s",
@@ -115,12 +134,40 @@ class Connection(FrameReader, MessageSplitter, CallLifecycle, ReceiveCredit, Con
         if self._refused:
             return
         self._server.connections.discard(self)
+        self._server.unauthenticated.pop(self, None)
         self._counters.connections_open -= 1
         calls, self._calls = self._calls, {}
         self._blocked.clear()
         for call in calls.values():
             self._cancel(call)
         self._transport = None
+
+    def _spend(self, budget: Budget, what: str) -> None:
+        """One frame of a kind with a flood budget (flood.py)."""
+        if not budget.take(self._clock()):
+            raise FloodError(f"too many {what}")
+
+    def _calm(self, reason: str) -> None:
+        """End the connection for a spent budget: GOAWAY ENHANCE_YOUR_CALM."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._counters.flood_closed += 1
+        self._server.log.warning("flood", "closing gRPC connection from %s: %s", self._peer,
+                                 reason)
+        self.going_away = True
+        self._out += f.goaway(self._last_stream_id, f.ENHANCE_YOUR_CALM, reason.encode()[:200])
+        self._close()
+
+    def _evict(self) -> None:
+        """Make room for a newer unauthenticated connection (max_unauthenticated_connections)."""
+        self._server.unauthenticated.pop(self, None)
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._counters.connections_evicted += 1
+        self.going_away = True
+        self._out += f.goaway(self._last_stream_id, f.ENHANCE_YOUR_CALM,
+                              b"too many connections without the channel token")
+        self._close()
 
     def pause_writing(self) -> None:  # the peer is not reading: stop reading from it
         if self._transport is not None:

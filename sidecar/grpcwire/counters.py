@@ -32,6 +32,14 @@ class ServerCounters:
     internal_errors: int = 0
     # bytes reserved right now for unfinished messages, over all connections
     buffered_bytes: int = 0
+    # bytes reserved right now for unfinished messages of open-method (health) calls, apart
+    # from buffered_bytes and its caps
+    open_method_buffered_bytes: int = 0
+    # connections ended with GOAWAY ENHANCE_YOUR_CALM: a flood of control frames, empty
+    # frames or calls without the token, or too much queued output
+    flood_closed: int = 0
+    # unauthenticated connections closed to make room for a new one
+    connections_evicted: int = 0
     # log lines the rate limiter held back
     log_lines_suppressed: int = 0
 

@@ -103,7 +103,8 @@ def request_head(headers: list[tuple[bytes, bytes]]) -> RequestHead:
         if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
             raise _malformed(f"connection-specific field {name!r}")
         if name == _TOKEN:
-            token = value
+            # Repeated, it is refused (b"" never matches), whichever copy is right.
+            token = value if token is None else b""
     if not path or not seen >= _REQUIRED_PSEUDO:
         raise _malformed("a request without :method, :scheme or :path")
     return path, token

@@ -54,6 +54,32 @@ class ServerLimits:
     # per interval; beyond them, one "suppressed N similar messages" line.
     log_burst: int = 10
     log_interval: float = 60.0
+    # --- what a peer WITHOUT the channel token may cost (docs/grpc-server.md, Limits) ---
+    # Open-method (health) calls at once on one connection; a further one is refused with
+    # RESOURCE_EXHAUSTED. A probe makes one.
+    max_open_method_calls: int = 4
+    # Memory all open-method calls together may reserve for unfinished messages, apart
+    # from (never counted against) the authenticated calls' buffer caps.
+    open_method_buffer_bytes: int = 64 * KiB
+    # Seconds an open-method call has to deliver its one request message (which then also
+    # frees its reservation); then it ends with RESOURCE_EXHAUSTED.
+    open_method_timeout: float = 2.0
+    # Calls without the channel token (refused, or open-method calls) one connection may
+    # make in its life; the next ends it with GOAWAY ENHANCE_YOUR_CALM. Envoy makes none.
+    max_unauthenticated_calls: int = 100
+    # Connections that have not (yet) made an authenticated call; a new one beyond it closes
+    # the oldest of them (GOAWAY ENHANCE_YOUR_CALM), so Envoy always finds a slot.
+    max_unauthenticated_connections: int = 64
+    # Per connection and per kind (PING, SETTINGS, RST_STREAM of a call that was not an
+    # authenticated one, empty DATA, empty HEADERS/CONTINUATION): a token bucket of
+    # `flood_burst` frames refilled at `flood_rate` per second; an empty bucket ends the
+    # connection with GOAWAY ENHANCE_YOUR_CALM.
+    flood_burst: int = 50
+    flood_rate: float = 10.0
+    # Bytes our answers may queue on one connection while the peer's windows are closed;
+    # beyond it, GOAWAY ENHANCE_YOUR_CALM. (Per call: 2 x its method's message limit; beyond
+    # it the call ends with RESOURCE_EXHAUSTED.)
+    connection_output_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -66,6 +92,9 @@ class ServerLimits:
         if self.total_buffer_bytes < self.connection_buffer_bytes:
             raise ValueError("ServerLimits.total_buffer_bytes must be at least "
                              "connection_buffer_bytes")
+        if self.connection_output_bytes < one_message:
+            raise ValueError("ServerLimits.connection_output_bytes must hold one message of "
+                             "max_message_bytes (use ServerLimits.for_message_size)")
         if not 65_535 <= self.stream_window <= MAX_WINDOW - one_message:
             raise ValueError("ServerLimits.stream_window must be in [65535, 2^31-1 - one "
                              "message]")
@@ -91,6 +120,9 @@ class ServerLimits:
         one_message = int(fields["max_message_bytes"]) + PREFIX
         if "connection_buffer_bytes" not in changes:
             fields["connection_buffer_bytes"] = max(fields["connection_buffer_bytes"],
+                                                    2 * one_message)
+        if "connection_output_bytes" not in changes:
+            fields["connection_output_bytes"] = max(fields["connection_output_bytes"],
                                                     2 * one_message)
         if "total_buffer_bytes" not in changes:
             fields["total_buffer_bytes"] = max(fields["total_buffer_bytes"], 4 * one_message,

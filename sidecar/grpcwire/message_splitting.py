@@ -20,7 +20,10 @@ from sidecar.grpcwire.call import UNIMPLEMENTED
 from sidecar.grpcwire.frames import ProtocolError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sidecar.grpcwire.call import Call
+    from sidecar.grpcwire.flood import Budget
 
 
 class MessageSplitter:
@@ -34,6 +37,8 @@ class MessageSplitter:
     _credit_due: int
     _credit_batch: int
     _stream_credit_batch: int
+    _empty_budget: Budget
+    _spend: Callable[[Budget, str], None]
 
     def _on_data(self, flags: int, stream_id: int, payload: memoryview | bytes) -> None:
         """The hot path. Credit for what a frame brings is earned back when its bytes are
@@ -48,6 +53,8 @@ class MessageSplitter:
         if call is None:
             if not stream_id or stream_id > self._last_stream_id:
                 raise ProtocolError(f.PROTOCOL_ERROR, "DATA on an idle stream")
+            if not length and not flags & f.END_STREAM:
+                self._spend(self._empty_budget, "empty frames")
             self._earn(length)  # a call that is over: discarded
             return
         if call.remote_closed:
@@ -57,6 +64,8 @@ class MessageSplitter:
             raise ProtocolError(f.FLOW_CONTROL_ERROR, "DATA beyond the stream window")
         call.recv_window = window
         if call.finished:  # its trailers are still queued: discarded
+            if not length and not flags & f.END_STREAM:
+                self._spend(self._empty_budget, "empty frames")
             call.remote_closed = bool(flags & f.END_STREAM)
             self._earn(length)
             return
@@ -69,6 +78,8 @@ class MessageSplitter:
             call.expected -= covered
         if payload:
             self._messages(call, payload)
+        elif not flags & f.END_STREAM:  # (never taken by a frame that carries bytes)
+            self._spend(self._empty_budget, "empty frames")
         # (A frame that earns nothing, the bulk of a large message, is done here; a
         # reservation made above always comes with bytes that earn.)
         earned = length - covered

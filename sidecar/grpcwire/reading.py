@@ -22,7 +22,10 @@ from sidecar.grpcwire.headers import HeaderDecoder
 from sidecar.grpcwire.limits import MAX_WINDOW
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sidecar.grpcwire.call import Call
+    from sidecar.grpcwire.flood import Budget
     from sidecar.grpcwire.limits import ServerLimits
 
 _U32 = struct.Struct(">I")
@@ -42,6 +45,12 @@ class FrameReader:
     _peer_initial_window: int
     _peer_max_frame: int
     _table_size_update: bool
+    _queued_output: int
+    _ping_budget: Budget
+    _settings_budget: Budget
+    _reset_budget: Budget
+    _empty_budget: Budget
+    _spend: Callable[[Budget, str], None]
 
     def _init_reading(self, limits: ServerLimits) -> None:
         self._buffer = bytearray()
@@ -143,6 +152,7 @@ class FrameReader:
         elif kind == f.SETTINGS:
             if stream_id:
                 raise ProtocolError(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+            self._spend(self._settings_budget, "SETTINGS frames")
             if not flags & f.ACK:
                 self._on_settings(payload)
             elif payload:
@@ -154,6 +164,7 @@ class FrameReader:
                 raise ProtocolError(f.PROTOCOL_ERROR, "PING on a stream")
             if len(payload) != 8:
                 raise ProtocolError(f.FRAME_SIZE_ERROR, "PING length")
+            self._spend(self._ping_budget, "PING frames")
             if not flags & f.ACK:
                 self._out += f.frame(f.PING, f.ACK, 0, payload)
         elif kind == f.RST_STREAM:
@@ -189,6 +200,8 @@ class FrameReader:
         if start > end:
             raise ProtocolError(f.PROTOCOL_ERROR, "bad HEADERS padding")
         block = payload[start:end]
+        if not block:
+            self._spend(self._empty_budget, "empty frames")
         if len(block) > self._limits.max_header_block_bytes:
             raise ProtocolError(f.PROTOCOL_ERROR, "header block too large")
         if flags & f.END_HEADERS:
@@ -199,6 +212,8 @@ class FrameReader:
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is None or self._continuation[0] != stream_id:
             raise ProtocolError(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        if not payload:
+            self._spend(self._empty_budget, "empty frames")
         self._continuation[2].extend(payload)
         if len(self._continuation[2]) > self._limits.max_header_block_bytes:
             raise ProtocolError(f.PROTOCOL_ERROR, "header block too large")
@@ -264,11 +279,16 @@ class FrameReader:
         if not stream_id:
             raise ProtocolError(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         call = self._calls.get(stream_id)
-        if call is None:
-            if stream_id > self._last_stream_id:
+        if call is None or call.open_method:  # (never charged: authenticated calls)
+            if call is None and stream_id > self._last_stream_id:
                 raise ProtocolError(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-            return
+            self._spend(self._reset_budget, "RST_STREAM frames")
+            if call is None:
+                return
         self._blocked.pop(stream_id, None)
+        if call.pending_data:
+            self._queued_output -= len(call.pending_data)
+            call.pending_data.clear()
         self._forget(call)
         self._cancel(call)
 

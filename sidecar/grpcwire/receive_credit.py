@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.buffers import consume
+from sidecar.grpcwire.call import INVALID_ARGUMENT
 from sidecar.grpcwire.limits import MAX_WINDOW
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sidecar.grpcwire.call import Call
     from sidecar.grpcwire.counters import ServerCounters
     from sidecar.grpcwire.limits import ServerLimits
@@ -44,6 +47,8 @@ class ReceiveCredit:
     _limits: ServerLimits
     _counters: ServerCounters
     _out: bytearray
+    _end: Callable[[Call, int, str], None]
+    _exhausted: Callable[[Call, str], None]
 
     def _init_credit(self, limits: ServerLimits) -> None:
         # The initial stream window we grant a new call.
@@ -78,6 +83,9 @@ class ReceiveCredit:
         if len(inbox) < 5:
             return
         size = 5 + _U32.unpack_from(inbox, 1)[0]
+        if call.open_method:
+            self._reserve_open(call, size)
+            return
         on_connection = self._reserved + size
         in_total = self._counters.buffered_bytes + size
         if (on_connection > self._limits.connection_buffer_bytes
@@ -86,16 +94,38 @@ class ReceiveCredit:
             return
         self._reserved = on_connection
         self._counters.buffered_bytes = in_total
+        self._grant(call, size)
+
+    def _grant(self, call: Call, size: int) -> None:
         call.reserved = size
-        expected = call.expected = size - len(inbox)
+        expected = call.expected = size - len(call.inbox)
         self._credit_due += expected
         call.credit_due += expected
+
+    def _reserve_open(self, call: Call, size: int) -> None:
+        """An open-method (health) call's message: reserved against its own small budget
+        (`open_method_buffer_bytes`), never the authenticated calls' caps; and only its
+        first message (its answer not yet sent)."""
+        counters = self._counters
+        in_total = counters.open_method_buffered_bytes + size
+        if call.headers_sent:
+            self._end(call, INVALID_ARGUMENT, "one request message per call")
+        elif in_total > self._limits.open_method_buffer_bytes:
+            self._exhausted(call, "no buffer room for calls without the channel token")
+        else:
+            counters.open_method_buffered_bytes = in_total
+            self._grant(call, size)
+            return
+        consume(call, "inbox", len(call.inbox))
 
     def _release(self, call: Call) -> None:
         reserved = call.reserved
         if reserved:
-            self._reserved -= reserved
-            self._counters.buffered_bytes -= reserved
+            if call.open_method:
+                self._counters.open_method_buffered_bytes -= reserved
+            else:
+                self._reserved -= reserved
+                self._counters.buffered_bytes -= reserved
             call.reserved = 0
             # Credit granted for bytes that will not come now is paid back from what
             # later bytes earn.

@@ -8,12 +8,15 @@ from collections.abc import Sequence
 
 from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.call import Call
+from sidecar.grpcwire.limits import ServerLimits
 
 
 class FrameWriter:
     """The sending half of `Connection`. `_calls` is the connection's table of open calls
     (a finished call leaves it once its last bytes are out); `_reading` is set while a
     socket read is being handled, so everything it causes leaves in one write."""
+
+    _limits: ServerLimits
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
@@ -26,6 +29,7 @@ class FrameWriter:
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
         # The peer shrank its HPACK table: our next header block must say so first.
         self._table_size_update = False
+        self._queued_output = 0  # bytes of answers waiting for the peer's windows
 
     def send_message(self, call: Call, parts: Sequence[bytes | memoryview]) -> None:
         """One gRPC message, whose bytes are `parts` one after another (bytes, or views in
@@ -41,6 +45,8 @@ class FrameWriter:
     def finish_call(self, call: Call, status: int, message: str) -> None:
         if call.reserved:
             self._drop_inbox(call)
+        if call.open_method:
+            self._open_call_ended(call)
         if call.headers_sent:
             block = f.trailers(status, message)
         else:  # trailers-only response
@@ -70,6 +76,15 @@ class FrameWriter:
     def _became_idle(self) -> None:
         """Hook: the connection has no open call now."""
 
+    def _open_call_ended(self, call: Call) -> None:
+        """Hook: an open-method call is finished."""
+
+    def _exhausted(self, call: Call, reason: str) -> None:
+        """Hook: end a call with RESOURCE_EXHAUSTED."""
+
+    def _calm(self, reason: str) -> None:
+        """Hook: end the connection with GOAWAY ENHANCE_YOUR_CALM."""
+
     def _block(self, block: bytes) -> bytes:
         """Our blocks never use the peer's table, but after the peer shrinks it the next
         block must acknowledge that with a size update (RFC 7541 §4.2); 0 is always valid."""
@@ -82,6 +97,7 @@ class FrameWriter:
         if call.pending_data:
             for part in parts:
                 call.pending_data += part
+            self._queued(call, size)
             return
         # A window can be negative after the peer lowers SETTINGS_INITIAL_WINDOW_SIZE.
         allowed = max(0, min(size, self._send_window, call.send_window))
@@ -94,6 +110,21 @@ class FrameWriter:
                 sent_of_part = allowed - sum(map(len, parts[:rest]))
                 del call.pending_data[:sent_of_part]
             self._blocked[call.id] = call
+            self._queued(call, size - allowed)
+
+    def _queued(self, call: Call, size: int) -> None:
+        """`size` more bytes wait for the peer's windows: a call may queue two of its
+        method's largest messages (beyond: it ends, RESOURCE_EXHAUSTED), a connection
+        `connection_output_bytes` (beyond: GOAWAY ENHANCE_YOUR_CALM)."""
+        self._queued_output += size
+        pending = call.pending_data
+        if len(pending) > 2 * (call.max_message + 5):
+            self._queued_output -= len(pending)
+            pending.clear()
+            self._blocked.pop(call.id, None)
+            self._exhausted(call, "too many answers waiting for the peer's flow-control window")
+        elif self._queued_output > self._limits.connection_output_bytes:
+            self._calm("too many answers waiting for the peer's flow-control window")
 
     def _write_data(self, call: Call, parts: Sequence[bytes | memoryview], size: int) -> int:
         """Frame the first `size` bytes of `parts` straight into the output buffer (one
@@ -133,6 +164,7 @@ class FrameWriter:
             return
         self._write_data(call, (bytes(pending[:allowed]),), allowed)
         del pending[:allowed]
+        self._queued_output -= allowed
         if pending:
             return
         self._blocked.pop(call.id, None)

@@ -30,10 +30,12 @@ class GrpcServer:
 
         With `auth`, every call but those of `OPEN_METHODS` (health) must carry the channel
         token in its metadata; without, every peer is trusted. `clock` paces the log rate
-        limiter (the connection timers use the event loop's clock)."""
+        limiter and the connections' flood budgets (the connection timers use the event
+        loop's clock)."""
         limits = limits or ServerLimits()
         self.limits = limits.with_changes(**overrides) if overrides else limits
         self.auth = auth
+        self.clock = clock
         self.open_methods = OPEN_METHODS
         self.counters = ServerCounters()
         self.log = LogLimiter(log, self.limits.log_burst, self.limits.log_interval, clock,
@@ -43,6 +45,8 @@ class GrpcServer:
         # peers without the channel token
         self.routes: dict[bytes, tuple[HandlerFactory, int, bool]] = {}
         self.connections: set[Connection] = set()
+        # Connections that have made no authenticated call yet, oldest first (with `auth`).
+        self.unauthenticated: dict[Connection, None] = {}
         self.port = 0
         self._listener: asyncio.Server | None = None
 

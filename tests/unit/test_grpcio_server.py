@@ -22,7 +22,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.config import load_config_text
 from sidecar.envoy_contract import ACCESS_LOG_NAME
-from sidecar.extproc.grpcio_server import OPEN_METHOD_READS, GrpcioServer
+from sidecar.extproc.grpcio_server import (
+    OPEN_METHOD_READ_TIMEOUT,
+    OPEN_METHOD_READS,
+    GrpcioServer,
+)
 from sidecar.extproc.processor import METHOD, SERVICE, ExternalProcessor
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
@@ -221,7 +225,9 @@ def test_calls_without_the_token_are_refused_before_any_handler(sidecar: Sidecar
 
 def test_open_methods_read_only_a_few_messages_at_once(sidecar: Sidecar) -> None:
     """gRPC core takes in a whole message (up to the port's limit) before the adapter sees
-    it, and health needs no token: so only OPEN_METHOD_READS such reads may wait at once."""
+    it, and health needs no token: so only OPEN_METHOD_READS such reads may wait at once.
+    A further one makes room by ending the oldest waiting read (RESOURCE_EXHAUSTED), so
+    calls that never send their message cannot block later probes."""
     release = threading.Event()
 
     def held():
@@ -233,19 +239,63 @@ def test_open_methods_read_only_a_few_messages_at_once(sidecar: Sidecar) -> None
                                       response_deserializer=raw)
         waiting = [check(held(), timeout=10) for _ in range(OPEN_METHOD_READS)]
         wait_until(lambda: sidecar.server.open_method_reads == OPEN_METHOD_READS)
-        with pytest.raises(grpc.RpcError) as error:
-            list(check(iter([b""]), timeout=5))
-        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert sidecar.server.counters.calls_resource_exhausted == 1
-        release.set()
-        for call in waiting:
-            (reply,) = list(call)
-            assert health_pb2.HealthCheckResponse.FromString(reply).status == (
-                health_pb2.HealthCheckResponse.SERVING)
-        assert sidecar.server.open_method_reads == 0
-        assert health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=5).status == (
+        (reply,) = list(check(iter([b""]), timeout=5))  # a probe gets in at once
+        assert health_pb2.HealthCheckResponse.FromString(reply).status == (
             health_pb2.HealthCheckResponse.SERVING)
+        with pytest.raises(grpc.RpcError) as error:
+            list(waiting[0])  # the oldest waiting read made room
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert sidecar.server.counters.calls_resource_exhausted >= 1
+        release.set()
+        for call in waiting[1:]:
+            try:
+                list(call)
+            except grpc.RpcError as ended:  # or ended by the read timeout meanwhile
+                assert ended.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        wait_until(lambda: sidecar.server.open_method_reads == 0)
+
+
+def test_an_open_method_read_that_never_completes_times_out(sidecar: Sidecar) -> None:
+    release = threading.Event()
+
+    def held():
+        release.wait(20)
+        yield b""
+
+    with grpc.insecure_channel(sidecar.address) as channel:
+        check = channel.stream_stream("/grpc.health.v1.Health/Check", request_serializer=raw,
+                                      response_deserializer=raw)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as error:
+            list(check(held(), timeout=15))
+        release.set()
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() - started < 4 * OPEN_METHOD_READ_TIMEOUT + 2
+        assert sidecar.server.open_method_reads == 0
+
+
+def test_unknown_methods_need_the_token_too(sidecar: Sidecar) -> None:
+    with grpc.insecure_channel(sidecar.address) as channel:
+        probe = channel.unary_unary("/no.Such/Method", request_serializer=raw,
+                                    response_deserializer=raw)
+        with pytest.raises(grpc.RpcError) as error:
+            probe(b"", timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as error:
+            probe(b"", metadata=GOOD, timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_repeated_token_header_is_refused(sidecar: Sidecar) -> None:
+    body = b'{"model":"g","messages":[]}'
+    for metadata in ((*GOOD, (CHANNEL_TOKEN_HEADER, "x" * 40)),
+                     ((CHANNEL_TOKEN_HEADER, "x" * 40), *GOOD), GOOD + GOOD):
+        with grpc.insecure_channel(sidecar.address) as channel:
+            with pytest.raises(grpc.RpcError) as error:
+                list(ext_proc(channel)(iter([headers_message(), body_message(body)]),
+                                       metadata=metadata, timeout=5))
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert sidecar.processor.active_streams == 0
 
 
 def test_a_message_over_the_limit_is_refused(sidecar: Sidecar) -> None:
