@@ -154,17 +154,22 @@ def connection_flood(port: int, count: int = 2000) -> dict[str, object]:
     opened = len(sockets)
     time.sleep(7)  # past the handshake timeout
     closed = 0
-    for sock in sockets:
-        sock.settimeout(0.001)
-        try:
-            closed += sock.recv(65536, socket.MSG_PEEK) == b"" or 0
-        except (TimeoutError, BlockingIOError):
-            pass
-        except OSError:
-            closed += 1
+    for sock in sockets:  # closed by the server: EOF, or a GOAWAY waiting to be read
+        answer = drain(sock, 0.002)
+        closed += f.GOAWAY in frame_types(answer) or _at_eof(sock)
     for sock in sockets:
         sock.close()
     return {"opened": opened, "closed_by_server_within_7s": closed}
+
+
+def _at_eof(sock: socket.socket) -> bool:
+    sock.settimeout(0.001)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (TimeoutError, BlockingIOError):
+        return False
+    except OSError:
+        return True
 
 
 def protocol_fuzz(port: int, rng: random.Random, rounds: int, peak: Peak) -> dict[str, object]:

@@ -279,12 +279,16 @@ class FrameReader:
         if not stream_id:
             raise ProtocolError(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         call = self._calls.get(stream_id)
-        if call is None or call.open_method:  # (never charged: authenticated calls)
-            if call is None and stream_id > self._last_stream_id:
+        if call is None:
+            if stream_id > self._last_stream_id:
                 raise ProtocolError(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+            # A call already over: Envoy resets each finished ext_proc stream, so on an
+            # authenticated connection these are normal traffic and never charged.
+            if not self._authenticated:
+                self._spend(self._reset_budget, "RST_STREAM frames")
+            return
+        if call.open_method:  # (authenticated calls are never charged)
             self._spend(self._reset_budget, "RST_STREAM frames")
-            if call is None:
-                return
         self._blocked.pop(stream_id, None)
         if call.pending_data:
             self._queued_output -= len(call.pending_data)

@@ -412,3 +412,18 @@ def test_health_floods_without_the_token_do_not_starve_authenticated_calls() -> 
             client.sock.close()
     finally:
         running.close()
+
+
+def test_envoys_resets_of_finished_calls_are_never_charged() -> None:
+    """Envoy resets each finished ext_proc stream; at thousands of requests a second those
+    resets (of calls the server has already forgotten) must not spend a flood budget on an
+    authenticated connection (found by bench/hostile.py: 503s through Envoy)."""
+    server, clock = make_server()
+    peer = Peer(server, clock)
+    message = grpc_message(b"x")
+    for n in range(10 * server.limits.flood_burst):
+        stream_id = 1 + 2 * n
+        peer.send(peer.open(stream_id, COLLECT, token=True),
+                  f.frame(f.DATA, f.END_STREAM, stream_id, message))
+        peer.send(f.rst_stream(stream_id, f.CANCEL))  # after the call has ended
+    assert not peer.closed and server.counters.flood_closed == 0
