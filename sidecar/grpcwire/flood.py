@@ -1,6 +1,7 @@
 """Per-connection budgets for what costs the server work but carries no call of Envoy's:
-PING, SETTINGS, RST_STREAM of calls that were not authenticated ones, empty DATA and empty
-HEADERS/CONTINUATION frames (docs/grpc-server.md, Limits).
+PING, SETTINGS, RST_STREAM of health calls (and, on connections that never made an
+authenticated call, of calls already over: Envoy resets every finished ext_proc stream), empty
+DATA and empty HEADERS/CONTINUATION frames (docs/grpc-server.md, Limits).
 
 Each is a token bucket (`ServerLimits.flood_burst` frames, refilled at `flood_rate` per
 second, on the server's injectable clock); a frame that finds its bucket empty raises
