@@ -15,6 +15,12 @@ Complexity points (the bucket is `simple` at 0, `standard` at 1–2, `complex` a
 | reasoning requested | 1 |
 | each detected heavy feature (`code`, `diff`, `stack_trace`, `security_review`, | 1 |
 | `tool_agent`) | |
+| a hard task, beyond its parts (at most once): debugging (`stack_trace` with `code` or | 1 |
+| `diff`), a code change (`diff` with `code`), or long code (`code` in an input of ≥ | |
+| 2,000 estimated tokens; needs request_shape) | |
+
+So a debugging request (code plus its stack trace) or a long code input is `complex`,
+while a short code question stays `standard`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from sidecar.routing.request import RequestSummary
 _HEAVY_FEATURES = frozenset({PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE,
                              PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT})
 _NO_FEATURES: frozenset[PromptFeature] = frozenset()
+_CODE_CONTEXT = frozenset({PromptFeature.CODE, PromptFeature.DIFF})
+LONG_INPUT_TOKENS = 2_000
 
 FeatureDetector = Callable[[RequestSummary], frozenset[PromptFeature]]
 
@@ -101,12 +109,16 @@ def complexity(request: RequestSummary, features: frozenset[PromptFeature],
     if not signals.complexity.enabled:
         return None
     points = len(features & _HEAVY_FEATURES)
+    long_input = False
     if signals.request_shape.enabled:
         tokens = request.estimated_input_tokens
-        points += (tokens >= 2_000) + (tokens >= 8_000) + (tokens >= 32_000)
+        long_input = tokens >= LONG_INPUT_TOKENS
+        points += long_input + (tokens >= 8_000) + (tokens >= 32_000)
         points += request.has_tools + request.has_images + request.reasoning_requested
         cap = request.max_tokens_cap or 0
         points += (cap >= 4_096) + (cap >= 16_384)
+    if features:
+        points += _hard_task(features, long_input)
     if points == 0:
         bucket = Complexity.SIMPLE
     elif points <= 2:
@@ -114,3 +126,13 @@ def complexity(request: RequestSummary, features: frozenset[PromptFeature],
     else:
         bucket = Complexity.COMPLEX
     return ComplexityResult(bucket, points)
+
+
+def _hard_task(features: frozenset[PromptFeature], long_input: bool) -> bool:
+    """Combinations that make a task harder than the sum of its markers: debugging (a stack
+    trace with the code or diff it came from), a code change (a diff with code), and long
+    code. Each marker alone is one point; these take the request to `complex`."""
+    code = PromptFeature.CODE in features
+    debugging = PromptFeature.STACK_TRACE in features and not features.isdisjoint(_CODE_CONTEXT)
+    code_change = code and PromptFeature.DIFF in features
+    return debugging or code_change or (code and long_input)

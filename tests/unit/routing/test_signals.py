@@ -65,7 +65,13 @@ def test_request_shape_buckets() -> None:
     ({"has_images": True, "reasoning": Reasoning(effort="high")}, set(), Complexity.STANDARD, 2),
     ({"max_tokens_cap": 20_000}, set(), Complexity.STANDARD, 2),
     ({}, {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE},
-     Complexity.COMPLEX, 3),
+     Complexity.COMPLEX, 4),  # three markers and one hard-task point
+    ({}, {PromptFeature.CODE, PromptFeature.STACK_TRACE}, Complexity.COMPLEX, 3),
+    ({}, {PromptFeature.DIFF, PromptFeature.STACK_TRACE}, Complexity.COMPLEX, 3),
+    ({}, {PromptFeature.CODE, PromptFeature.DIFF}, Complexity.COMPLEX, 3),
+    ({"prompt_chars": 2_000 * 4}, {PromptFeature.CODE}, Complexity.COMPLEX, 3),
+    ({}, {PromptFeature.CODE}, Complexity.STANDARD, 1),
+    ({}, {PromptFeature.STACK_TRACE}, Complexity.STANDARD, 1),
     ({}, {PromptFeature.SUMMARIZE, PromptFeature.EXTRACT}, Complexity.SIMPLE, 0),
     ({"prompt_chars": 32_000 * 4}, set(), Complexity.COMPLEX, 3),
 ])
@@ -81,6 +87,62 @@ def test_complexity_without_request_shape_counts_features_only() -> None:
     assert result.bucket is Complexity.SIMPLE
     assert complexity(request(), frozenset(), Signals.model_validate(
         {"complexity": {"enabled": False}})) is None
+
+
+REALISTIC = {
+    "debugging": (Complexity.COMPLEX, """My Flask endpoint crashes on empty carts. Why?
+
+```python
+@app.post("/checkout")
+def checkout():
+    cart = session.get("cart")
+    total = sum(item["price"] for item in cart)
+    return {"total": total}
+```
+
+Traceback (most recent call last):
+  File "/srv/app.py", line 42, in checkout
+    total = sum(item["price"] for item in cart)
+TypeError: 'NoneType' object is not iterable
+"""),
+    "java trace with code": (Complexity.COMPLEX, """This throws on startup:
+
+    public Config load() {
+        return mapper.readValue(file, Config.class);
+    }
+
+Exception in thread "main" java.io.FileNotFoundException: config.yml
+\tat com.acme.Config.load(Config.java:18)
+\tat com.acme.Main.main(Main.java:7)
+"""),
+    "code review of a diff": (Complexity.COMPLEX, """Please review this change:
+
+diff --git a/billing.py b/billing.py
+@@ -10,6 +10,8 @@ def charge(customer, amount):
+-    if amount > 0:
++    if amount >= 0:
++        log.info("charging %s", customer.id)
+         return gateway.charge(customer.token, amount)
+"""),
+    "long code file": (Complexity.COMPLEX, "Refactor this module for readability:\n\n```python\n"
+                       + "def step(state):\n    state = transform(state)\n    return state\n\n"
+                       * 300 + "```\n"),
+    "short code question": (Complexity.STANDARD,
+                            "How do I reverse a list in Python? I tried:\n```python\n"
+                            "items.reverse\n```"),
+    "plain question": (Complexity.SIMPLE, "What is the capital of Australia?"),
+    "short summary": (Complexity.SIMPLE, "Summarize in one line: the meeting moved to Monday."),
+}
+
+
+@pytest.mark.parametrize("name", REALISTIC)
+def test_complexity_of_realistic_prompts(name: str) -> None:
+    """Debugging requests and long code land in `complex`; short code questions stay
+    `standard`; plain chat is `simple` (issue 14, item 5)."""
+    bucket, text = REALISTIC[name]
+    summary = request(prompt_sample=text, prompt_chars=len(text))
+    result = complexity(summary, features_of(summary, ALL), ALL)
+    assert result.bucket is bucket, (name, result)
 
 
 def features_of(summary: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
