@@ -6,18 +6,20 @@ Key names are the contract from SPEC.md; docs/configuration.md documents each de
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from sidecar.config.fields import (
     Fraction,
     NonBlank,
+    NonNegativeFloat,
     NonNegativeInt,
     Percent,
     PositiveFloat,
     PositiveInt,
     StrictModel,
+    bounded,
 )
 from sidecar.routing.expression import ExpressionError, compile_expression
 
@@ -109,6 +111,9 @@ class DynamicScorePolicy(StrictModel):
     min_observations: NonNegativeInt = 20
     observation_window_seconds: PositiveInt = 600
     max_score_adjustment_percent: Percent = 70
+    # How strongly the adjustable share goes to the better-scoring warm targets
+    # (routing/blend.py): a term value higher by d earns e^(sharpness·d) times as much.
+    blend_sharpness: Annotated[NonNegativeFloat, bounded(0, 100)] = 8.0
     affinity: Affinity = Affinity()
     hard_filters: HardFilters = HardFilters()
     signals: Signals = Signals()

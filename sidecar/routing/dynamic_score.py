@@ -105,6 +105,7 @@ class DynamicScore:
         self._tags = tuple(frozenset(t.tags) for t in group.targets)
         self._qualities = tuple(eval_quality(t) for t in group.targets)
         self._adjustment = policy.max_score_adjustment_percent / 100
+        self._sharpness = policy.blend_sharpness
         self._blends: dict[tuple[object, ...], Blend] = {}
 
     def order(
@@ -174,7 +175,8 @@ class DynamicScore:
         values = [sum(t.evaluate(s) for t in matching) if matching and h else None
                   for s, h in zip(scores, hot, strict=True)]
         shares = weight_shares([c.target.weight for c in eligible])
-        final, blended = blended_shares(shares, hot, values, self._adjustment)
+        final, blended = blended_shares(shares, hot, values, self._adjustment,
+                                        self._sharpness)
         by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
         blend = Blend(candidates, shares, scores, values, final, blended,
                       "all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed",

@@ -3,9 +3,12 @@ docs/dynamic-score.md (the numbers there are asserted here)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sidecar.routing.blend import blended_shares, weight_shares
 from sidecar.routing.router import Router
@@ -41,19 +44,19 @@ def test_worked_example_scores_and_shares() -> None:
     assert (rows["p/a"].term_value, rows["p/b"].term_value, rows["p/c"].term_value) == (
         0.5, 1.0, None)
     assert rows["p/a"].weight_share == pytest.approx(0.666667)
-    assert rows["p/a"].final_share == pytest.approx(0.420370)
-    assert rows["p/b"].final_share == pytest.approx(0.524074)
+    assert rows["p/a"].final_share == pytest.approx(0.211891)
+    assert rows["p/b"].final_share == pytest.approx(0.732554)
     assert rows["p/c"].final_share == pytest.approx(0.055556)
     buckets = {row["target"]: row["final_share_bucket"] for row in trace.to_dict()["candidates"]}
-    assert buckets == {"p/a": "0.4-0.6", "p/b": "0.4-0.6", "p/c": "0.0-0.2"}
+    assert buckets == {"p/a": "0.2-0.4", "p/b": "0.6-0.8", "p/c": "0.0-0.2"}
 
 
 def test_worked_example_over_1000_decisions() -> None:
     router = Router(WORKED)
     counts = Counter(router.decide(WORKED_REQUEST, WORKED_OBS).primary.target.model_ref
                      for _ in range(1000))
-    assert abs(counts["a"] - 420.37) <= 1
-    assert abs(counts["b"] - 524.07) <= 1
+    assert abs(counts["a"] - 211.89) <= 1
+    assert abs(counts["b"] - 732.55) <= 1
     assert abs(counts["c"] - 55.56) <= 1
 
 
@@ -78,7 +81,24 @@ def test_adjustment_zero_means_weights_only_and_100_means_scores_only() -> None:
     shares = weight_shares([60, 25, 5])
     assert blended_shares(shares, [True, True, False], [0.5, 1.0, None], 0.0) == (shares, False)
     full, moved = blended_shares(shares, [True, True, False], [0.5, 1.0, None], 1.0)
-    assert moved and full == pytest.approx([17 / 18 / 3, 17 / 18 * 2 / 3, 1 / 18])
+    pull = math.exp(-4)  # b is 0.5 better: e^(8·0.5) = e^4 times a's pull
+    assert moved and full == pytest.approx(
+        [17 / 18 * pull / (1 + pull), 17 / 18 / (1 + pull), 1 / 18])
+
+
+def test_a_clearly_better_target_takes_most_of_the_adjustable_room() -> None:
+    """Issue 14, item 1: with raw-proportional splitting a 0.88 target got only 1.5x the
+    room of a 0.57 one. Now it takes most of it; near-equal targets split it evenly; and
+    sharpness 0 splits it equally."""
+    shares = weight_shares([1, 1, 1])
+    final, _ = blended_shares(shares, [True] * 3, [0.88, 0.57, 0.57], 0.7)
+    room = [f - 0.3 / 3 for f in final]  # what each got of the adjustable 0.7
+    assert room[0] / sum(room) > 0.8
+    assert room[0] / room[1] == pytest.approx(math.exp(8 * 0.31))
+    close, _ = blended_shares(shares, [True] * 3, [0.60, 0.59, 0.58], 0.7)
+    assert max(close) - min(close) < 0.06
+    flat, _ = blended_shares(shares, [True] * 3, [0.9, 0.5, 0.1], 0.7, sharpness=0.0)
+    assert flat == pytest.approx([1 / 3] * 3)
 
 
 def test_no_term_value_or_all_zero_values_keep_the_weights() -> None:
@@ -151,3 +171,23 @@ def test_term_values_sum_when_several_terms_match() -> None:
 """)
     trace = decide(cfg, request(), snapshot(p__a=warm(), p__b=warm())).trace
     assert [c.term_value for c in trace.candidates] == [0.75, 0.75]
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), st.booleans(),
+                          st.one_of(st.none(), st.floats(-1, 3), st.just(float("nan")))),
+                min_size=1, max_size=8),
+       st.floats(0, 1), st.floats(0, 100))
+def test_blend_properties_for_any_sharpness(rows, adjustment, sharpness) -> None:
+    """Shares sum to one, a warm target stays inside its capped band, a cold one keeps its
+    weight share exactly, whatever the values and the sharpness."""
+    weights, warm, values = zip(*rows, strict=True)
+    shares = weight_shares(list(weights))
+    final, moved = blended_shares(shares, list(warm), list(values), adjustment, sharpness)
+    assert sum(final) == pytest.approx(1.0)
+    warm_share = sum(s for s, hot in zip(shares, warm, strict=True) if hot)
+    for share, hot, result in zip(shares, warm, final, strict=True):
+        if hot and moved:
+            assert (1 - adjustment) * share - 1e-12 <= result
+            assert result <= (1 - adjustment) * share + adjustment * warm_share + 1e-12
+        else:
+            assert result == share
