@@ -46,6 +46,15 @@ class Observation:
     #                                  (per-attempt records arrive with pre-commit fallback)
 
     @property
+    def ms_per_output_token(self) -> float | None:
+        """Generation time per output token (after the first byte): the target's speed on
+        equal work, whatever the length of this reply."""
+        if (self.output_tokens is None or self.output_tokens <= 0 or self.upstream_ms is None
+                or self.ttfb_ms is None):
+            return None
+        return max(0.0, self.upstream_ms - self.ttfb_ms) / self.output_tokens
+
+    @property
     def output_tokens_per_s(self) -> float | None:
         if (self.output_tokens is None or self.output_tokens <= 0 or not self.upstream_ms
                 or self.upstream_ms <= 0):

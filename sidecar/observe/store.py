@@ -42,6 +42,7 @@ class _Counts:
     failed_over: int = 0
     latency: Histogram = field(default_factory=Histogram)
     ttfb: Histogram = field(default_factory=Histogram)
+    per_token: Histogram = field(default_factory=Histogram)
     tokens: float = 0.0
     token_seconds: float = 0.0
 
@@ -54,6 +55,9 @@ class _Counts:
                 self.latency.add(observation.latency_ms)
             if observation.ttfb_ms is not None:
                 self.ttfb.add(observation.ttfb_ms)
+            per_token = observation.ms_per_output_token
+            if per_token is not None:
+                self.per_token.add(per_token)
             if observation.output_tokens_per_s is not None:
                 self.tokens += observation.output_tokens or 0
                 self.token_seconds += (observation.upstream_ms or 0) / 1000
@@ -69,6 +73,7 @@ class _Counts:
         self.failed_over += sign * other.failed_over
         self.latency.merge(other.latency, sign)
         self.ttfb.merge(other.ttfb, sign)
+        self.per_token.merge(other.per_token, sign)
         self.tokens += sign * other.tokens
         self.token_seconds += sign * other.token_seconds
 
@@ -186,6 +191,7 @@ def _figures(counts: _Counts) -> TargetObservations:
         count=total,
         p95_latency_ms=counts.latency.percentile(0.95),
         p95_ttfb_ms=counts.ttfb.percentile(0.95),
+        p95_ms_per_output_token=counts.per_token.percentile(0.95),
         output_tokens_per_s=(counts.tokens / counts.token_seconds
                              if counts.token_seconds > 0 else None),
         error_rate=rate(errors),

@@ -7,7 +7,8 @@ keyed by ``provider/model_ref``, so a model shared by several groups shares its 
 Snapshot file format (JSON)::
 
     {"targets": {"baseten/gpt-oss-120b": {"count": 120, "p95_latency_ms": 850,
-                 "p95_ttfb_ms": 210, "output_tokens_per_s": 95.0, "error_rate": 0.01,
+                 "p95_ttfb_ms": 210, "p95_ms_per_output_token": 9.5,
+                 "output_tokens_per_s": 95.0, "error_rate": 0.01,
                  "timeout_rate": 0.0, "fallback_rate": 0.02, "cancel_rate": 0.0}}}
 
 Every figure is optional except `count`; rates are fractions in [0, 1]. The output of
@@ -21,17 +22,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+# The work latency is compared on: a reply of this many output tokens (docs/dynamic-score.md).
+REFERENCE_OUTPUT_TOKENS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class TargetObservations:
     count: int = 0
     p95_latency_ms: float | None = None
     p95_ttfb_ms: float | None = None
+    p95_ms_per_output_token: float | None = None
     output_tokens_per_s: float | None = None
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     fallback_rate: float = 0.0
     cancel_rate: float = 0.0
+
+    @property
+    def work_latency_ms(self) -> float | None:
+        """Latency on equal work: p95 time to first byte + a reference reply's generation at
+        the p95 time per output token. A target that receives the long-output requests is
+        not slower for it. Without per-token figures (no usage reported), the plain p95."""
+        if self.p95_ttfb_ms is not None and self.p95_ms_per_output_token is not None:
+            return self.p95_ttfb_ms + REFERENCE_OUTPUT_TOKENS * self.p95_ms_per_output_token
+        return self.p95_latency_ms
 
 
 NO_OBSERVATIONS = TargetObservations()

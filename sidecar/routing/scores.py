@@ -5,7 +5,8 @@ whose inputs are unknown for a target, is the neutral 0.5 so it cannot decide an
 | --- | --- |
 | cost_score | cheapest estimated request cost / this target's cost (1 for the cheapest; |
 |            | a paid target scores 0 when another is free) |
-| latency_score | lowest observed p95 latency / this target's p95 (warm targets only) |
+| latency_score | lowest work latency / this target's (warm targets only): p95 TTFB + 256 × |
+|               | p95 ms per output token, or the plain p95 where usage is not reported |
 | throughput_score | this target's observed output tokens/s / the highest (warm targets only) |
 | reliability_score | 1 − min(1, error + timeout + fallback rates + ½ cancel rate) (warm only) |
 | complexity_score | request complexity points / 6, capped at 1 (same for every target) |
@@ -58,7 +59,7 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
     costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
     cheapest = min(costs) if costs else None
     warm = [c.observations for c in candidates if c.warm]
-    latencies = [o.p95_latency_ms for o in warm if o.p95_latency_ms is not None]
+    latencies = [o.work_latency_ms for o in warm if o.work_latency_ms is not None]
     fastest = min(latencies) if latencies else None
     speeds = [o.output_tokens_per_s for o in warm if o.output_tokens_per_s is not None]
     top_speed = max(speeds) if speeds else None
@@ -75,8 +76,9 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
         if cost_enabled and candidate.cost_usd is not None and cheapest is not None:
             cost = _ratio(cheapest, candidate.cost_usd)
         if observed and candidate.warm:
-            if obs.p95_latency_ms is not None and fastest is not None:
-                latency = _ratio(fastest, obs.p95_latency_ms)
+            work = obs.work_latency_ms
+            if work is not None and fastest is not None:
+                latency = _ratio(fastest, work)
             if obs.output_tokens_per_s is not None and top_speed:
                 throughput = _ratio(obs.output_tokens_per_s, top_speed)
             failures = (obs.error_rate + obs.timeout_rate + obs.fallback_rate

@@ -1,5 +1,9 @@
 """`thresholds`: health limits applied to warm targets (at least `min_observations` in the
 window). Cold targets are never excluded by thresholds: there is nothing to judge yet.
+`max_p95_latency_ms` is compared with the target's p95 latency on equal work
+(`TargetObservations.work_latency_ms`: p95 TTFB + a 256-token reply at the p95 time per
+output token; the plain p95 where usage is not reported), so a target is excluded for being
+slow, not for receiving the long-output requests.
 
 If the thresholds would remove every remaining target, the least-bad one is kept and the
 decision is marked `thresholds_relaxed` (availability first). Badness is the largest ratio
@@ -19,8 +23,9 @@ def threshold_violation(thresholds: Thresholds, obs: TargetObservations) -> str 
         return "thresholds.max_error_rate"
     if thresholds.max_timeout_rate is not None and obs.timeout_rate > thresholds.max_timeout_rate:
         return "thresholds.max_timeout_rate"
-    if (thresholds.max_p95_latency_ms is not None and obs.p95_latency_ms is not None
-            and obs.p95_latency_ms > thresholds.max_p95_latency_ms):
+    work = obs.work_latency_ms
+    if (thresholds.max_p95_latency_ms is not None and work is not None
+            and work > thresholds.max_p95_latency_ms):
         return "thresholds.max_p95_latency_ms"
     return None
 
@@ -29,7 +34,7 @@ def badness(thresholds: Thresholds, obs: TargetObservations) -> float:
     ratios = [0.0]
     for limit, value in ((thresholds.max_error_rate, obs.error_rate),
                          (thresholds.max_timeout_rate, obs.timeout_rate),
-                         (thresholds.max_p95_latency_ms, obs.p95_latency_ms)):
+                         (thresholds.max_p95_latency_ms, obs.work_latency_ms)):
         if limit is None or value is None:
             continue
         ratios.append(value / limit if limit > 0 else (float("inf") if value > 0 else 0.0))

@@ -1,0 +1,66 @@
+"""Latency by target, not by mix (issue 14, item 4): the latency score and the
+`max_p95_latency_ms` threshold compare targets on equal work (p95 TTFB + a 256-token reply
+at the p95 time per output token), so the target that receives long outputs is not
+penalised for them; without per-token figures the plain p95 is used as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.store import ObservationStore
+from sidecar.routing.observations import REFERENCE_OUTPUT_TOKENS, TargetObservations
+from tests.unit.routing.helpers import config, decide, excluded, request, snapshot, warm
+
+YAML = """
+  g:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: longout, weight: 1}
+      - {provider: p, model_ref: shortout, weight: 1}
+      - {provider: p, model_ref: slow, weight: 1}
+    routing_policy:
+      dynamic_score:
+        min_observations: 10
+        score_terms: [{name: fast, expression: "latency_score"}]
+        thresholds: {max_p95_latency_ms: %s}
+"""
+GROUP = config(YAML % "10000")
+NO_LIMIT = config(YAML % "null")
+# Same speed per token; one gets 2,000-token replies, the other 100-token replies.
+LONG = warm(p95_latency_ms=20_200, p95_ttfb_ms=200, p95_ms_per_output_token=10)
+SHORT = warm(p95_latency_ms=1_200, p95_ttfb_ms=200, p95_ms_per_output_token=10)
+SLOW = warm(p95_latency_ms=5_000, p95_ttfb_ms=1_000, p95_ms_per_output_token=40)
+
+
+def test_work_latency_is_ttfb_plus_a_reference_reply() -> None:
+    assert LONG.work_latency_ms == 200 + REFERENCE_OUTPUT_TOKENS * 10
+    assert TargetObservations(count=5, p95_latency_ms=900).work_latency_ms == 900
+    assert TargetObservations(count=5).work_latency_ms is None
+
+
+def test_long_outputs_neither_lower_the_score_nor_trip_the_threshold() -> None:
+    trace = decide(NO_LIMIT, request(), snapshot(p__longout=LONG, p__shortout=SHORT,
+                                                 p__slow=SLOW)).trace
+    rows = {c.target: c for c in trace.candidates}
+    assert rows["p/longout"].scores["latency_score"] == 1.0
+    assert rows["p/shortout"].scores["latency_score"] == 1.0
+    assert rows["p/slow"].scores["latency_score"] == pytest.approx(
+        (200 + 256 * 10) / (1_000 + 256 * 40), abs=1e-6)
+    # 20.2 s p95 over its mix, but 2.76 s on equal work: not excluded; `slow` is, at 11.2 s.
+    assert excluded(decide(GROUP, request(), snapshot(
+        p__longout=LONG, p__shortout=SHORT, p__slow=SLOW))) == {
+        "p/slow": "thresholds.max_p95_latency_ms"}
+
+
+def test_the_store_keeps_the_p95_time_per_output_token() -> None:
+    now = [0.0]
+    store = ObservationStore(retention_seconds=60, slice_seconds=10, refresh_seconds=0,
+                             clock=lambda: now[0])
+    for tokens in (100, 1_000, 2_000):  # 10 ms per token whatever the length
+        store.record(Observation("p/a", Outcome.OK, latency_ms=200 + 10 * tokens,
+                                 ttfb_ms=200, upstream_ms=200 + 10 * tokens,
+                                 output_tokens=tokens))
+    figures = store.get("p/a", 60)
+    assert figures.p95_ms_per_output_token == pytest.approx(10, rel=0.03)
+    assert figures.work_latency_ms == pytest.approx(200 + 256 * 10, rel=0.03)
