@@ -6,8 +6,8 @@ import json
 import urllib.request
 from typing import Any
 
-_COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "output_tokens_per_s", "error_rate",
-            "timeout_rate", "fallback_rate")
+_COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "p95_ms_per_output_token",
+            "output_tokens_per_s", "error_rate", "timeout_rate", "fallback_rate")
 
 
 def fetch_observations(admin_http: str, window: int | None) -> dict[str, Any]:
