@@ -18,6 +18,7 @@ from sidecar.routing.affinity import AffinityOutcome, AffinityStore
 from sidecar.routing.blend import blended_shares, weight_shares
 from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.decision import TargetChoice
+from sidecar.routing.ejection import PROBE_SUCCESSES, Ejections, Health
 from sidecar.routing.expression import Evaluator, compile_expression
 from sidecar.routing.gates import output_budget
 from sidecar.routing.observations import ObservationView, TargetObservations
@@ -116,11 +117,14 @@ class DynamicScore:
         rotation_for: Callable[[tuple[int, ...]], WeightedRotation],
         trace: DecisionTrace,
         affinity: AffinityStore | None = None,
+        ejections: Ejections | None = None,
     ) -> list[TargetChoice]:
         policy = self.policy
         window = policy.observation_window_seconds
-        observed = {c.index: observations.get(c.label, window) for c in eligible}
-        warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
+        now = ejections.now() if ejections is not None else 0.0
+        observed = {c.index: observations.get(
+            c.label, ejections.window_for(c.label, now) if ejections else window)
+            for c in eligible}
 
         signals = policy.signals
         trace.signals = self._signal_names
@@ -137,7 +141,12 @@ class DynamicScore:
         # Quality floors (require_tags) before health: if thresholds must relax, they relax
         # among the targets the floor allows, never across it.
         eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
-        eligible = _apply_thresholds(eligible, policy, observed, warm, trace)
+        probing: list[TargetChoice] = []
+        if ejections is not None:
+            eligible, probing = _apply_ejections(eligible, policy, observations, observed,
+                                                 ejections, now, trace)
+        warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
+        eligible = _apply_thresholds(eligible, policy, observed, warm, trace, ejections, now)
         trace.candidate_count = len(eligible)
 
         indices = tuple(c.index for c in eligible)
@@ -152,7 +161,14 @@ class DynamicScore:
         picked = _pinned_or(lambda: rotation_for(indices).pick(indices, blend.final),
                             request, policy, affinity, indices, trace)
         primary = eligible[indices.index(picked)]
-        return [primary, *(c for c in blend.by_share if c.index != picked)]
+        ordered = [primary, *(c for c in blend.by_share if c.index != picked)]
+        if probing and ejections is not None and ejections.probe_due():
+            # The probe leads; the decision's own order follows as its fallbacks, and no pin
+            # ever points at it (the pin above is the usual pick).
+            probe = probing[0]
+            trace.probe = probe.label
+            return [probe, *ordered]
+        return ordered
 
     def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
                figures: tuple[TargetObservations, ...], costs: tuple[float | None, ...],
@@ -237,9 +253,48 @@ def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: Dynam
     return picked
 
 
+def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
+                     observations: ObservationView, observed: dict[int, TargetObservations],
+                     ejections: Ejections, now: float, trace: DecisionTrace,
+                     ) -> tuple[list[TargetChoice], list[TargetChoice]]:
+    """Ejected targets are out; probing ones are out but may be probed, and re-enter
+    after PROBE_SUCCESSES probes within the thresholds (judged from then on by what they
+    did since). If this would leave no candidate, everyone stays (availability first)."""
+    kept: list[TargetChoice] = []
+    out: list[tuple[TargetChoice, str]] = []
+    probing: list[TargetChoice] = []
+    for choice in eligible:
+        health = ejections.health(choice.label, now)
+        if health is Health.IN:
+            kept.append(choice)
+            continue
+        if health is Health.PROBING:
+            evidence = observations.get(choice.label,
+                                        ejections.probing_seconds(choice.label, now))
+            if evidence.count and threshold_violation(policy.thresholds, evidence):
+                ejections.eject(choice.label, now)  # a failed probe: out for longer
+            elif evidence.count >= PROBE_SUCCESSES:
+                ejections.reenter(choice.label, now)
+                observed[choice.index] = evidence
+                kept.append(choice)
+                continue
+            else:
+                probing.append(choice)
+                out.append((choice, "thresholds.probing"))
+                continue
+        out.append((choice, "thresholds.ejected"))
+    if not kept:
+        trace.thresholds_relaxed = True
+        return eligible, []
+    for choice, stage in out:
+        trace.exclude(choice.label, stage)
+    return kept, probing
+
+
 def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                       observed: dict[int, TargetObservations], warm: dict[int, bool],
-                      trace: DecisionTrace) -> list[TargetChoice]:
+                      trace: DecisionTrace, ejections: Ejections | None = None,
+                      now: float = 0.0) -> list[TargetChoice]:
     kept: list[TargetChoice] = []
     removed: list[tuple[TargetChoice, str]] = []
     for choice in eligible:
@@ -257,4 +312,6 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
         trace.thresholds_relaxed = True
     for choice, violation in removed:
         trace.exclude(choice.label, violation)
+        if ejections is not None:  # out until probes show it well (routing/ejection.py)
+            ejections.eject(choice.label, now)
     return kept

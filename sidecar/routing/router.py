@@ -2,9 +2,10 @@
 reasons out.
 
 Pure: no gRPC, no Envoy types, no I/O. Its state is the weighted-rotation position per
-group and candidate set and the conversation pins, so a decision is reproducible from
-configuration, observation state, that state and the request. (Per-group memos of scoring
-results only save work: they hold what the same inputs would compute again.)
+group and candidate set, the conversation pins and the ejected targets, so a decision is
+reproducible from configuration, observation state, that state and the request. (Per-group
+memos of scoring results only save work: they hold what the same inputs would compute
+again.)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
 from sidecar.routing.dynamic_score import DynamicScore
+from sidecar.routing.ejection import Ejections
 from sidecar.routing.gates import GroupGates, group_gates, passing_targets, refusal_reason
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
@@ -44,6 +46,11 @@ class Router:
             name: DynamicScore(group)
             for name, group in config.models.items() if group.strategy == "dynamic_score"
         }
+        # Targets a threshold ejected, and their probing (routing/ejection.py).
+        self._ejections: dict[str, Ejections] = {
+            name: Ejections(group.dynamic_score.observation_window_seconds, clock)
+            for name, group in config.models.items() if group.strategy == "dynamic_score"
+        }
 
     def decide(self, request: RequestSummary,
                observations: ObservationView = EMPTY_SNAPSHOT) -> Decision | NoEligibleTarget:
@@ -63,10 +70,14 @@ class Router:
             ordered = self._dynamic[request.group].order(
                 request, eligible, observations,
                 lambda indices: self._rotation(request.group, indices), trace,
-                self._affinity.get(request.group))
+                self._affinity.get(request.group), self._ejections[request.group])
         else:
             ordered = self._weighted_order(request.group, group, eligible, trace)
         return Decision(request.group, group.strategy, tuple(ordered), trace)
+
+    def ejections(self, group: str) -> Ejections | None:
+        """The group's ejection state, for diagnostics and tests."""
+        return self._ejections.get(group)
 
     def affinity_store(self, group: str) -> AffinityStore | None:
         """The group's pins (digests only), for diagnostics and tests."""

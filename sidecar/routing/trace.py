@@ -48,6 +48,8 @@ class DecisionTrace:
     thresholds_relaxed: bool = False
     reasoning: dict[str, str | int | None] | None = None
     affinity: str = "not_applicable"
+    # The target this decision probes (an ejected target whose ejection ended), if any.
+    probe: str | None = None
     # The rows of `candidates`, or the function that builds them on first read: rounding
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.
