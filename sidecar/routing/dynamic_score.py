@@ -121,10 +121,16 @@ class DynamicScore:
     ) -> list[TargetChoice]:
         policy = self.policy
         window = policy.observation_window_seconds
-        now = ejections.now() if ejections is not None else 0.0
-        observed = {c.index: observations.get(
-            c.label, ejections.window_for(c.label, now) if ejections else window)
-            for c in eligible}
+        if ejections is not None and ejections.idle:
+            ejections_now: Ejections | None = None
+            now = 0.0
+            observed = {c.index: observations.get(c.label, window) for c in eligible}
+        else:
+            ejections_now = ejections
+            now = ejections.now() if ejections is not None else 0.0
+            observed = {c.index: observations.get(
+                c.label, ejections.window_for(c.label, now) if ejections else window)
+                for c in eligible}
 
         signals = policy.signals
         trace.signals = self._signal_names
@@ -142,11 +148,11 @@ class DynamicScore:
         # among the targets the floor allows, never across it.
         eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
         probing: list[TargetChoice] = []
-        if ejections is not None:
+        if ejections_now is not None:
             eligible, probing = _apply_ejections(eligible, policy, observations, observed,
-                                                 ejections, now, trace)
+                                                 ejections_now, now, trace)
         warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
-        eligible = _apply_thresholds(eligible, policy, observed, warm, trace, ejections, now)
+        eligible = _apply_thresholds(eligible, policy, observed, warm, trace, ejections)
         trace.candidate_count = len(eligible)
 
         indices = tuple(c.index for c in eligible)
@@ -294,7 +300,7 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
 def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                       observed: dict[int, TargetObservations], warm: dict[int, bool],
                       trace: DecisionTrace, ejections: Ejections | None = None,
-                      now: float = 0.0) -> list[TargetChoice]:
+                      ) -> list[TargetChoice]:
     kept: list[TargetChoice] = []
     removed: list[tuple[TargetChoice, str]] = []
     for choice in eligible:
@@ -313,5 +319,5 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
     for choice, violation in removed:
         trace.exclude(choice.label, violation)
         if ejections is not None:  # out until probes show it well (routing/ejection.py)
-            ejections.eject(choice.label, now)
+            ejections.eject(choice.label, ejections.now())
     return kept

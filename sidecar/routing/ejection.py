@@ -65,6 +65,12 @@ class Ejections:
     def now(self) -> float:
         return self._clock()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing ejected, probing or recently re-entered: the common case, which costs a
+        decision nothing more."""
+        return not self._ejected and not self._reentered
+
     def health(self, label: str, now: float) -> Health:
         state = self._ejected.get(label)
         if state is None:
