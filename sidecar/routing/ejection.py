@@ -87,10 +87,11 @@ class Ejections:
         back = self._reentered.get(label)
         if back is None:
             return self._window
-        since = int(now - back.at) + 1
-        if since >= self._window:
+        if now - back.at >= max(self._window, MAX_BACKOFF * self.base_seconds):
+            del self._reentered[label]  # long since back: forgotten, the group goes idle
             return self._window
-        return max(1, since)
+        since = int(now - back.at) + 1
+        return self._window if since >= self._window else max(1, since)
 
     def eject(self, label: str, now: float) -> None:
         previous = self._ejected.get(label)

@@ -105,6 +105,11 @@ def test_good_probes_bring_it_back_at_once_with_its_live_figures() -> None:
     # Judged from then on by what it did since it re-entered, not by the old window.
     clock.now += 5
     assert SICK in {c.label for c in decide(router, view).ordered}
+    # Long after, the group has nothing to remember (and decisions take the fast path).
+    view.figures[SICK] = warm(50)
+    clock.now += MAX_BACKOFF * ejections.base_seconds + 30
+    decide(router, view)
+    assert ejections.idle
 
 
 def test_a_failed_probe_ejects_it_again_for_longer_up_to_the_cap() -> None:
