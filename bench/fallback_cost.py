@@ -20,16 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from mode_runner import HTTP_OPTIONS, comparison_main, latencies, run_mode
-
-
-def _manager(document: dict) -> dict:
-    return document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-        "typed_config"]
+from mode_runner import HTTP_OPTIONS, comparison_main, connection_manager, latencies, run_mode
 
 
 def _route(document: dict) -> dict:
-    return _manager(document)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    return connection_manager(document)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
 
 
 def without_attempt_filters(document: dict, _port: int) -> None:
@@ -39,13 +34,13 @@ def without_attempt_filters(document: dict, _port: int) -> None:
 
 
 def without_custom_response(document: dict, _port: int) -> None:
-    manager = _manager(document)
+    manager = connection_manager(document)
     manager["http_filters"] = [f for f in manager["http_filters"]
                                if f["name"] != "envoy.filters.http.custom_response"]
 
 
 def without_attempt_log(document: dict, _port: int) -> None:
-    router = _manager(document)["http_filters"][-1]["typed_config"]
+    router = connection_manager(document)["http_filters"][-1]["typed_config"]
     router.pop("upstream_log")
 
 

@@ -54,6 +54,12 @@ def config_text(provider_url: str, observations: bool) -> str:
             "models: {g: {targets: [{provider: bench, model_ref: m}]}}\n")
 
 
+def connection_manager(document: dict) -> dict:
+    """The HTTP connection manager of a rendered bootstrap (as data)."""
+    return document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+
+
 def grpc_cluster(name: str, port: int) -> dict:
     """A static HTTP/2 cluster for a helper gRPC server on loopback."""
     return {

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from mode_runner import HTTP_OPTIONS, comparison_main, latencies, run_mode
+from mode_runner import HTTP_OPTIONS, comparison_main, connection_manager, latencies, run_mode
 
 INJECTOR = {
     "name": "envoy.filters.http.credential_injector",
@@ -32,11 +32,6 @@ INJECTOR = {
                      "v3.Generic",
             "credential": {"name": "bench_key"}, "header": "authorization",
             "header_value_prefix": "Bearer "}}}}
-
-
-def _manager(document: dict) -> dict:
-    return document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-        "typed_config"]
 
 
 def _target_filters(document: dict) -> list[list[dict]]:
@@ -53,7 +48,7 @@ def with_key(document: dict, _port: int) -> None:
 
 
 def without_response_filter(document: dict, _port: int) -> None:
-    manager = _manager(document)
+    manager = connection_manager(document)
     manager["http_filters"] = [f for f in manager["http_filters"]
                                if f["name"] != "sidecar.response_headers"]
 

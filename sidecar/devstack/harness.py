@@ -13,11 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
-from sidecar.devstack.providers import FakeProvider, ProviderServer
+from sidecar.devstack.providers import Behaviour, FakeProvider, ProviderServer
 
 
 def free_port() -> int:
@@ -57,6 +57,12 @@ class ProviderThread:
     def clear(self) -> None:
         for provider in self.server.providers.values():
             provider.received.clear()
+
+    def reset(self) -> None:
+        """Forget what was received and restore every provider's default behaviour."""
+        self.clear()
+        for provider in self.server.providers.values():
+            provider.behaviour = Behaviour()
 
 
 def pid_alive(pid: int) -> bool:
@@ -150,3 +156,19 @@ class UpProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+@contextlib.contextmanager
+def keyed_stack(workdir: Path, fakes: list[FakeProvider],
+                config_text: Callable[[ProviderThread], str], keys: Mapping[str, str],
+                *args: str) -> Iterator[tuple[UpProcess, ProviderThread]]:
+    """Fake providers and `sidecar up --config` in front of them, each provider's key in the
+    variable `KEY_<NAME>` (the configuration names them so): what the e2e modules that
+    need their own stack share."""
+    with ProviderThread(fakes) as providers:
+        config = workdir / "config.yaml"
+        config.write_text(config_text(providers))
+        env = {f"KEY_{name.upper()}": key for name, key in keys.items()}
+        up = UpProcess(["--config", str(config), *args], env=env, log_path=workdir / "up.log")
+        with up.running():
+            yield up, providers

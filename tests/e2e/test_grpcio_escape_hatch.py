@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
 pytestmark = pytest.mark.e2e
@@ -61,26 +61,18 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("grpcio")
     fakes = [FakeProvider(name, api_key=key) for name, key in KEYS.items()]
-    with ProviderThread(fakes) as providers:
-        config = workdir / "config.yaml"
-        config.write_text(CONFIG.format(
+    with keyed_stack(tmp_path_factory.mktemp("grpcio"), fakes, lambda providers: CONFIG.format(
             first=providers.base_url("first"), second=providers.base_url("second"),
             claude=providers.base_url("claude"),
-            digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
-        env = {f"KEY_{name.upper()}": key for name, key in KEYS.items()}
-        up = UpProcess(["--config", str(config), "--grpc-server", "grpcio"], env=env,
-                       log_path=workdir / "up.log")
-        with up.running():
-            yield Stack(up, providers)
+            digest=hashlib.sha256(TOKEN.encode()).hexdigest()),
+            KEYS, "--grpc-server", "grpcio") as (up, providers):
+        yield Stack(up, providers)
 
 
 @pytest.fixture
 def fresh(stack: Stack) -> Stack:
-    stack.providers.clear()
-    for name in KEYS:
-        stack.providers.provider(name).behaviour = Behaviour()
+    stack.providers.reset()
     return stack
 
 

@@ -22,7 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2
 
-from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
 from sidecar.envoy_contract import ACCESS_LOG_NAME, CLUSTER_ATTRIBUTE, target_cluster_name
 
@@ -72,29 +72,21 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("trust")
     fakes = [FakeProvider("first", api_key=KEYS["first"]),
              # Its key travels in x-api-key on an OpenAI path, which the fake cannot check
              # itself; the tests read the headers it received.
              FakeProvider("second"),
              FakeProvider("plain", api_key=KEYS["plain"])]
-    with ProviderThread(fakes) as providers:
-        config = workdir / "config.yaml"
-        config.write_text(CONFIG.format(
+    with keyed_stack(tmp_path_factory.mktemp("trust"), fakes, lambda providers: CONFIG.format(
             first=providers.base_url("first"), second=providers.base_url("second"),
             plain=providers.base_url("plain"),
-            digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
-        env = {f"KEY_{name.upper()}": key for name, key in KEYS.items()}
-        up = UpProcess(["--config", str(config)], env=env, log_path=workdir / "up.log")
-        with up.running():
-            yield Stack(up, providers)
+            digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS) as (up, providers):
+        yield Stack(up, providers)
 
 
 @pytest.fixture
 def fresh(stack: Stack) -> Stack:
-    stack.providers.clear()
-    for name in KEYS:
-        stack.providers.provider(name).behaviour = Behaviour()
+    stack.providers.reset()
     return stack
 
 
