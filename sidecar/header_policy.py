@@ -63,7 +63,7 @@ def forwarded_request_headers(config: SidecarConfig) -> frozenset[str]:
     return REQUEST_ALLOWLIST | extras | frozenset(ROUTING_ONLY_HEADERS)
 
 
-def foreign_request_headers(config: SidecarConfig, provider: str) -> tuple[str, ...]:
+def cluster_stripped_headers(config: SidecarConfig, provider: str) -> tuple[str, ...]:
     """What `provider`'s cluster removes beyond credentials: the routing-only headers, and
     extra names other providers pass that `provider` must not receive."""
     own = set(config.providers[provider].pass_request_headers)

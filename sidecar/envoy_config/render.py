@@ -108,7 +108,7 @@ from sidecar.envoy_contract import (
     target_cluster_name,
 )
 from sidecar.grpcwire.limits import ServerLimits
-from sidecar.header_policy import credential_headers, foreign_request_headers
+from sidecar.header_policy import cluster_stripped_headers, credential_headers
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 ENVOY_SIDECAR_IDLE_SECONDS = ServerLimits().idle_timeout * 0.8
@@ -147,7 +147,7 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
             # A bounded reply is held until complete, so one that breaks is retried.
             filters = [hold_bounded_replies(held_reply_limit(
                 config.limits.max_request_body_bytes)), *attempt_filters(
-                message_timeout_ms, cleared, foreign_request_headers(config, target.provider),
+                message_timeout_ms, cleared, cluster_stripped_headers(config, target.provider),
                 injector_filters(config, target, addresses.secrets_dir))]
             clusters.append(
                 _target_cluster(

@@ -121,16 +121,12 @@ class DynamicScore:
     ) -> list[TargetChoice]:
         policy = self.policy
         window = policy.observation_window_seconds
-        if ejections is not None and ejections.idle:
-            ejections_now: Ejections | None = None
-            now = 0.0
-            observed = {c.index: observations.get(c.label, window) for c in eligible}
-        else:
-            ejections_now = ejections
-            now = ejections.now() if ejections is not None else 0.0
-            observed = {c.index: observations.get(
-                c.label, ejections.window_for(c.label, now) if ejections else window)
-                for c in eligible}
+        # Ejection state matters only while some target is ejected, probing or just back.
+        active = ejections if ejections is not None and not ejections.idle else None
+        now = active.now() if active is not None else 0.0
+        observed = {c.index: observations.get(
+            c.label, active.window_for(c.label, now) if active is not None else window)
+            for c in eligible}
 
         signals = policy.signals
         trace.signals = self._signal_names
@@ -148,9 +144,9 @@ class DynamicScore:
         # among the targets the floor allows, never across it.
         eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
         probing: list[TargetChoice] = []
-        if ejections_now is not None:
+        if active is not None:
             eligible, probing = _apply_ejections(eligible, policy, observations, observed,
-                                                 ejections_now, now, trace)
+                                                 active, now, trace)
         warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
         eligible = _apply_thresholds(eligible, policy, observed, warm, trace, ejections)
         trace.candidate_count = len(eligible)

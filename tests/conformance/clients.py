@@ -329,3 +329,55 @@ def status_of(frames: list[Frame], stream_id: int, decoder: hpack.Decoder | None
             if stream == stream_id and flags & f.END_STREAM:
                 status = fields.get("grpc-status", "")
     return status
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeTimer:
+    def __init__(self, when: float, callback, args) -> None:
+        self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeLoop:
+    """`call_later` and `time` on a clock advanced by hand (`advance_to` runs what is due)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+        self.timers: list[FakeTimer] = []
+
+    def time(self) -> float:
+        return self.clock.now
+
+    def call_later(self, delay: float, callback, *args) -> FakeTimer:
+        timer = FakeTimer(self.clock.now + delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def advance_to(self, when: float) -> None:
+        while True:
+            due = [t for t in self.timers if not t.cancelled and t.when <= when]
+            if not due:
+                break
+            timer = min(due, key=lambda t: t.when)
+            self.timers.remove(timer)
+            self.clock.now = timer.when
+            timer.callback(*timer.args)
+        self.clock.now = when
+
+
+class AbortableTransport(FakeTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True

@@ -19,7 +19,9 @@ from sidecar.grpcwire.connection import Connection
 from sidecar.grpcwire.health import add_health
 from sidecar.grpcwire.limits import ServerLimits
 from tests.conformance.clients import (
-    FakeTransport,
+    AbortableTransport,
+    Clock,
+    FakeLoop,
     H2Client,
     RawClient,
     goaway_code,
@@ -33,56 +35,6 @@ TOKEN = "k" * 40
 GOOD = ((CHANNEL_TOKEN_HEADER, TOKEN),)
 WATCH = "/grpc.health.v1.Health/Watch"
 LINGER = f"/{SERVICE}/Linger"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeTimer:
-    def __init__(self, when: float, callback, args) -> None:
-        self.when, self.callback, self.args, self.cancelled = when, callback, args, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeLoop:
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.timers: list[FakeTimer] = []
-
-    def time(self) -> float:
-        return self.clock.now
-
-    def call_later(self, delay: float, callback, *args) -> FakeTimer:
-        timer = FakeTimer(self.clock.now + delay, callback, args)
-        self.timers.append(timer)
-        return timer
-
-    def advance_to(self, when: float) -> None:
-        while True:
-            due = [t for t in self.timers if not t.cancelled and t.when <= when]
-            if not due:
-                break
-            timer = min(due, key=lambda t: t.when)
-            self.timers.remove(timer)
-            self.clock.now = timer.when
-            timer.callback(*timer.args)
-        self.clock.now = when
-
-
-class Transport(FakeTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.aborted = False
-
-    def abort(self) -> None:
-        self.aborted = self.closed = True
 
 
 def make_server(**limits) -> tuple[GrpcServer, Clock]:
@@ -104,7 +56,7 @@ class Peer:
                  settings: dict[int, int] | None = None) -> None:
         self.loop = FakeLoop(clock)
         self.connection = Connection(server, self.loop)  # type: ignore[arg-type]
-        self.transport = Transport()
+        self.transport = AbortableTransport()
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()

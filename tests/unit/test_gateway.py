@@ -164,7 +164,7 @@ def test_caller_headers_reach_providers_only_by_allowlist(gateway: Gateway) -> N
 
 
 def test_a_providers_pass_request_headers_extend_the_allowlist() -> None:
-    from sidecar.header_policy import foreign_request_headers, forwarded_request_headers
+    from sidecar.header_policy import cluster_stripped_headers, forwarded_request_headers
 
     config = load_config_text("""
 providers:
@@ -175,8 +175,8 @@ models:
 """)
     assert "x-trace" in forwarded_request_headers(config)
     # b's cluster removes it (and every cluster the header only Envoy's routing needs)
-    assert foreign_request_headers(config, "b") == ("x-forwarded-proto", "x-trace")
-    assert foreign_request_headers(config, "a") == ("x-forwarded-proto",)
+    assert cluster_stripped_headers(config, "b") == ("x-forwarded-proto", "x-trace")
+    assert cluster_stripped_headers(config, "a") == ("x-forwarded-proto",)
 
 
 def test_x_api_key_authenticates_too(gateway: Gateway) -> None:

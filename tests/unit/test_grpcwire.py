@@ -25,7 +25,7 @@ from sidecar.grpcwire import frames as f
 from sidecar.grpcwire.frames import ProtocolError
 from sidecar.grpcwire.headers import HeaderDecoder
 from sidecar.grpcwire.health import add_health
-from tests.conformance.clients import FakeTransport
+from tests.conformance.clients import AbortableTransport, FakeLoop, FakeTransport
 from tests.conformance.clients import fake_connection as conformance_connection
 
 SERVICE = "test.Echo"
@@ -639,56 +639,12 @@ def test_the_log_limiter_is_a_token_bucket_per_kind(caplog: pytest.LogCaptureFix
     assert caplog.records[0].exc_info is not None
 
 
-class FakeTimer:
-    def __init__(self, when: float, callback) -> None:
-        self.when, self.callback, self.cancelled = when, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeLoop:
-    """call_later and time, advanced by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.timers: list[FakeTimer] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_later(self, delay: float, callback) -> FakeTimer:
-        timer = FakeTimer(self.now + delay, callback)
-        self.timers.append(timer)
-        return timer
-
-    def advance_to(self, when: float) -> None:
-        while True:
-            due = [t for t in self.timers if not t.cancelled and t.when <= when]
-            if not due:
-                break
-            timer = min(due, key=lambda t: t.when)
-            self.timers.remove(timer)
-            self.now = timer.when
-            timer.callback()
-        self.now = when
-
-
-class TimedTransport(FakeTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.aborted = False
-
-    def abort(self) -> None:
-        self.aborted = self.closed = True
-
-
 def timed_connection(**limits):
     from sidecar.grpcwire.connection import Connection
     server = GrpcServer(max_message_bytes=1 << 20, **limits)
     server.add_method(SERVICE, "Send", Sender)
     loop = FakeLoop()
-    connection, transport = Connection(server, loop), TimedTransport()  # type: ignore[arg-type]
+    connection, transport = Connection(server, loop), AbortableTransport()  # type: ignore[arg-type]
     connection.connection_made(transport)  # type: ignore[arg-type]
     return server, loop, connection, transport
 
