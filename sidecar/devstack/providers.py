@@ -4,8 +4,10 @@ Each provider lives under its own path prefix (``http://host:port/<name>/v1``) a
 OpenAI Chat and Anthropic Messages (JSON or SSE) and the OpenAI Responses API (JSON).
 Knobs (latency, inter-event delay, forced status, connection reset, a stream that breaks
 after N events, huge replies, broken framing, a body cut off mid-way, a 200 whose body is
-not what the dialect promises) make it usable for failure tests; every request is
-recorded (method, path, headers, JSON body) so tests can assert what the upstream received.
+not what the dialect promises) make it usable for failure tests; seeded random knobs (an
+error rate, a latency spread, an output rate and a reply length per request) make it a
+drifting provider for the routing-quality benchmark. Every request is recorded (method,
+path, headers, JSON body, arrival time) so tests can assert what the upstream received.
 The same code serves `sidecar up`, `sidecar demo-providers` and the test-suite.
 """
 
@@ -16,7 +18,10 @@ import contextlib
 import itertools
 import json
 import logging
+import random
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +61,16 @@ class Behaviour:
     # sent as is, with this content type, instead of the completion.
     raw_body: bytes | None = None
     content_type: str = "application/json"
+    # A drifting provider (bench/routing_quality.py), drawn from the provider's seeded
+    # random source: this share of requests fails with `error_status` (after the latency);
+    # the latency is latency_s × a log-normal factor of this sigma; replies are
+    # `reply_words(request)` words long and take words ÷ tokens_per_s to generate (unary
+    # replies wait for it, streams space their events by it).
+    error_rate: float = 0.0
+    error_status: int = 503
+    latency_spread: float = 0.0
+    tokens_per_s: float | None = None
+    reply_words: Callable[[dict[str, Any]], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.monotonic() on arrival
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -76,6 +92,11 @@ class FakeProvider:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: deque[RecordedRequest] = field(default_factory=lambda: deque(maxlen=10_000))
     cancelled: int = 0
+    seed: int = 0
+    rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"{self.name}/{self.seed}")
 
 
 class ProviderServer:
@@ -140,16 +161,22 @@ class ProviderServer:
             return True
         error = wire.anthropic_error if anthropic else wire.openai_error
         behaviour = provider.behaviour
-        if behaviour.latency_s:
-            await asyncio.sleep(behaviour.latency_s)
+        latency = behaviour.latency_s
+        if latency and behaviour.latency_spread:
+            latency *= provider.rng.lognormvariate(0.0, behaviour.latency_spread)
+        if latency:
+            await asyncio.sleep(latency)
         if behaviour.reset_connection:
             writer.transport.abort()
             return False
         if provider.api_key is not None and _credential(request, anthropic) != provider.api_key:
             await _respond(writer, 401, error(401, "invalid provider API key"))
             return True
-        if behaviour.status is not None and behaviour.status != 200:
-            await _respond(writer, behaviour.status, error(behaviour.status, "injected failure"))
+        status = behaviour.status
+        if behaviour.error_rate and provider.rng.random() < behaviour.error_rate:
+            status = behaviour.error_status
+        if status is not None and status != 200:
+            await _respond(writer, status, error(status, "injected failure"))
             return True
         if behaviour.raw_body is not None:
             await _respond(writer, 200, behaviour.raw_body, behaviour.content_type)
@@ -160,6 +187,8 @@ class ProviderServer:
             await _respond(writer, 400, error(400, "body is not JSON"))
             return True
         text = behaviour.text
+        if behaviour.reply_words is not None:
+            text = " ".join(["word"] * max(1, behaviour.reply_words(payload)))
         if behaviour.body_bytes:
             text = " ".join(["x" * _BIG_WORD] * max(1, behaviour.body_bytes // (_BIG_WORD + 1)))
         completion = wire.make_completion(
@@ -172,7 +201,10 @@ class ProviderServer:
             else:
                 await _respond(writer, 200, wire.responses_json(completion))
             return True
+        rate = behaviour.tokens_per_s
         if payload.get("stream") is not True:
+            if rate:
+                await asyncio.sleep(completion.completion_tokens / rate)
             body = wire.anthropic_json(completion) if anthropic else wire.openai_json(completion)
             if behaviour.invalid_chunked or behaviour.reset_mid_body:
                 await _broken(writer, body, chunked=behaviour.invalid_chunked)
@@ -185,7 +217,7 @@ class ProviderServer:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             events = wire.openai_events(completion, include_usage)
         try:
-            await _stream(writer, events, behaviour.inter_event_delay_s,
+            await _stream(writer, events, 1 / rate if rate else behaviour.inter_event_delay_s,
                           behaviour.fail_after_events)
         except ConnectionError:
             provider.cancelled += 1
@@ -233,7 +265,7 @@ async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
             await reader.readline()
     else:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return RecordedRequest(method, path, headers, body)
+    return RecordedRequest(method, path, headers, body, time.monotonic())
 
 
 _BIG_WORD = 64 * 1024 - 1

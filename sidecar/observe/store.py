@@ -12,6 +12,11 @@ windows merge slices. Either way the result is cached per (target, window) for a
 `refresh_seconds` and until the next slice begins, so the router's view is at most that old.
 The cache holds at most `MAX_CACHED` entries.
 
+A target also keeps a lifetime total that never expires, so the router can take a *tally*
+(a copy of it) and later ask what was observed *since*, exactly, whatever the slice width:
+how an ejected target's probes are judged (routing/ejection.py). Only a probing or just
+re-entered target is asked, and the answer is cached like a window.
+
 Everything runs on the sidecar's single event loop. The clock is injected (monotonic
 seconds) so that tests need no sleeps.
 """
@@ -77,12 +82,26 @@ class _Counts:
         self.tokens += sign * other.tokens
         self.token_seconds += sign * other.token_seconds
 
+    def copy(self) -> _Counts:
+        duplicate = _Counts(self.start)
+        duplicate.merge(self)
+        return duplicate
+
 
 @dataclass
 class _Target:
     ring: list[_Counts]
     total: _Counts = field(default_factory=_Counts)
     expired_up_to: int = -1            # slices before this are out of `total`
+    lifetime: _Counts = field(default_factory=_Counts)
+
+
+@dataclass(frozen=True, eq=False)
+class Tally:
+    """What had been observed for one target when it was taken (opaque to the router)."""
+
+    number: int
+    counts: _Counts
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,8 @@ class ObservationStore:
         self._targets: dict[str, _Target] = {}
         self._cache: OrderedDict[tuple[str, int], tuple[float, int, WindowSummary]] = (
             OrderedDict())
+        self._tallies = 0
+        self._since_cache: OrderedDict[int, tuple[float, TargetObservations]] = OrderedDict()
 
     @property
     def retention_seconds(self) -> int:
@@ -124,6 +145,7 @@ class ObservationStore:
             piece.start = current
         piece.add(observation)
         state.total.add(observation)
+        state.lifetime.add(observation)
 
     def get(self, target_key: str, window_seconds: int) -> TargetObservations:
         """`ObservationView` for the routing core: cheap, at most `refresh_seconds` old."""
@@ -143,6 +165,30 @@ class ObservationStore:
         while len(self._cache) > MAX_CACHED:
             self._cache.popitem(last=False)
         return summary
+
+    def tally(self, target_key: str) -> Tally:
+        """`ObservationView.tally`: a mark to ask `since` about later."""
+        self._tallies += 1
+        state = self._targets.get(target_key)
+        return Tally(self._tallies, state.lifetime.copy() if state else _Counts())
+
+    def since(self, target_key: str, tally: object) -> TargetObservations:
+        """`ObservationView.since`: figures over exactly what was observed after `tally`
+        was taken, at most `refresh_seconds` old."""
+        assert isinstance(tally, Tally)
+        now = self._clock()
+        cached = self._since_cache.get(tally.number)
+        if cached is not None and now - cached[0] < self._refresh:
+            return cached[1]
+        state = self._targets.get(target_key)
+        counts = state.lifetime.copy() if state else _Counts()
+        counts.merge(tally.counts, -1)
+        figures = _figures(counts)
+        self._since_cache[tally.number] = (now, figures)
+        self._since_cache.move_to_end(tally.number)
+        while len(self._since_cache) > MAX_CACHED:
+            self._since_cache.popitem(last=False)
+        return figures
 
     def targets(self) -> list[str]:
         return sorted(self._targets)

@@ -124,9 +124,12 @@ class DynamicScore:
         # Ejection state matters only while some target is ejected, probing or just back.
         active = ejections if ejections is not None and not ejections.idle else None
         now = active.now() if active is not None else 0.0
-        observed = {c.index: observations.get(
-            c.label, active.window_for(c.label, now) if active is not None else window)
-            for c in eligible}
+        observed = {c.index: observations.get(c.label, window) for c in eligible}
+        if active is not None:  # a re-entered target is judged by what it did since
+            for c in eligible:
+                since = active.observed(c.label, now, observations)
+                if since is not None:
+                    observed[c.index] = since
 
         signals = policy.signals
         trace.signals = self._signal_names
@@ -143,11 +146,15 @@ class DynamicScore:
         # Quality floors (require_tags) before health: if thresholds must relax, they relax
         # among the targets the floor allows, never across it.
         eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
-        probing: list[TargetChoice] = []
+        probing: list[tuple[TargetChoice, int]] = []
         if active is not None:
             eligible, probing = _apply_ejections(eligible, policy, observations, observed,
                                                  active, now, trace)
         warm = {index: o.count >= policy.min_observations for index, o in observed.items()}
+        if active is not None:  # back with its probes' evidence: warm, with its live score
+            for c in eligible:
+                if active.reentered(c.label):
+                    warm[c.index] = observed[c.index].count >= PROBE_SUCCESSES
         eligible = _apply_thresholds(eligible, policy, observed, warm, trace, ejections)
         trace.candidate_count = len(eligible)
 
@@ -155,7 +162,8 @@ class DynamicScore:
         tokens, budget = request.estimated_input_tokens, output_budget(request)
         figures = tuple(observed[index] for index in indices)
         costs = tuple(estimated_cost_usd(c.target, tokens, budget) for c in eligible)
-        blend = self._blend(eligible, indices, figures, costs, bucket, matching)
+        hot = tuple(warm[index] for index in indices)
+        blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot)
         trace.cold_start = blend.cold_start
         trace.defer_candidates(partial(_candidate_rows, eligible, blend))
         trace.order = "blended_shares" if blend.blended else "weight_shares"
@@ -164,31 +172,32 @@ class DynamicScore:
                             request, policy, affinity, indices, trace)
         primary = eligible[indices.index(picked)]
         ordered = [primary, *(c for c in blend.by_share if c.index != picked)]
-        if probing and ejections is not None and ejections.probe_due():
-            # The probe leads; the decision's own order follows as its fallbacks, and no pin
-            # ever points at it (the pin above is the usual pick).
-            probe = probing[0]
-            trace.probe = probe.label
-            return [probe, *ordered]
+        if probing and ejections is not None and trace.affinity is not AffinityOutcome.HIT:
+            probe, evidence = probing[0]
+            if ejections.probe_due(probe.label, now, evidence):
+                # The probe leads; the decision's own order follows as its fallbacks. It
+                # never carries a pinned conversation's turn, and no pin ever points at it
+                # (the pin above is the usual pick).
+                trace.probe = probe.label
+                return [probe, *ordered]
         return ordered
 
     def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
                figures: tuple[TargetObservations, ...], costs: tuple[float | None, ...],
-               bucket: ComplexityResult | None, matching: tuple[CompiledTerm, ...]) -> Blend:
+               bucket: ComplexityResult | None, matching: tuple[CompiledTerm, ...],
+               hot: tuple[bool, ...]) -> Blend:
         """Scores → score_terms → cold start and the capped blend, for these inputs. Requests
         with the same inputs get the same result, so it is kept (a few hundred at most) under
-        the candidates, their observation figures, costs and complexity."""
-        key = (indices, figures, costs, bucket.points if bucket else None)
+        the candidates, their observation figures and warmth, costs and complexity."""
+        key = (indices, figures, hot, costs, bucket.points if bucket else None)
         blend = self._blends.get(key)
         if blend is not None:
             return blend
-        min_observations = self.policy.min_observations
-        candidates = [Candidate(c.target, figure, figure.count >= min_observations, cost,
-                                self._qualities[c.index])
-                      for c, figure, cost in zip(eligible, figures, costs, strict=True)]
+        candidates = [Candidate(c.target, figure, warm, cost, self._qualities[c.index])
+                      for c, figure, warm, cost in zip(eligible, figures, hot, costs,
+                                                       strict=True)]
         scores = score_candidates(candidates, self.policy.signals,
                                   bucket.score if bucket else None)
-        hot = [c.warm for c in candidates]
         # Only warm targets move by score; a cold target's term value is not computed.
         values = [sum(t.evaluate(s) for t in matching) if matching and h else None
                   for s, h in zip(scores, hot, strict=True)]
@@ -258,22 +267,23 @@ def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: Dynam
 def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                      observations: ObservationView, observed: dict[int, TargetObservations],
                      ejections: Ejections, now: float, trace: DecisionTrace,
-                     ) -> tuple[list[TargetChoice], list[TargetChoice]]:
-    """Ejected targets are out; probing ones are out but may be probed, and re-enter
-    after PROBE_SUCCESSES probes within the thresholds (judged from then on by what they
-    did since). If this would leave no candidate, everyone stays (availability first)."""
+                     ) -> tuple[list[TargetChoice], list[tuple[TargetChoice, int]]]:
+    """Ejected targets are out; probing ones are out but may be probed (with the count of
+    their evidence so far), and re-enter after PROBE_SUCCESSES observations within the
+    thresholds (judged from then on by what they did since probing began). If this would
+    leave no candidate, everyone stays (availability first)."""
     kept: list[TargetChoice] = []
     out: list[tuple[TargetChoice, str]] = []
-    probing: list[TargetChoice] = []
+    probing: list[tuple[TargetChoice, int]] = []
     for choice in eligible:
         health = ejections.health(choice.label, now)
         if health is Health.IN:
             kept.append(choice)
             continue
         if health is Health.PROBING:
-            evidence = observations.get(choice.label,
-                                        ejections.probing_seconds(choice.label, now))
-            if evidence.count and threshold_violation(policy.thresholds, evidence):
+            evidence = ejections.probe_evidence(choice.label, observations)
+            if ((evidence.count and threshold_violation(policy.thresholds, evidence))
+                    or ejections.probe_overdue(choice.label, now, evidence.count)):
                 ejections.eject(choice.label, now)  # a failed probe: out for longer
             elif evidence.count >= PROBE_SUCCESSES:
                 ejections.reenter(choice.label, now)
@@ -281,7 +291,7 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                 kept.append(choice)
                 continue
             else:
-                probing.append(choice)
+                probing.append((choice, evidence.count))
                 out.append((choice, "thresholds.probing"))
                 continue
         out.append((choice, "thresholds.ejected"))

@@ -3,12 +3,16 @@
 A threshold alone only filters the current window: when a drained target's bad evidence
 ages out it would count as cold again and get its full configured share while still sick.
 So a target that fails a threshold is *ejected* for a while (longer on repeated ejections,
-as in Envoy's outlier detection), then *probed*: it gets at most one request in
-`PROBE_INTERVAL` decisions of its group, as the primary of a decision whose usual targets
-follow as fallbacks (a failed probe costs the caller nothing). After `PROBE_SUCCESSES`
-probes within the thresholds it re-enters at once, judged from then on by what it has done
-since (its window restarts), not after its old observations expire; a failed probe ejects
-it again for longer.
+as in Envoy's outlier detection, but never past a third of a window, so that a target that
+recovered is back within one), then *probed*: one request at a time, at most one in
+`PROBE_INTERVAL` decisions of its group (never a pinned conversation's turn), as the primary
+of a decision whose usual targets follow as fallbacks (a failed probe costs the caller
+nothing). Its probes are judged on
+exactly what was observed since probing began (a tally of the observation store, not a
+window). A first probe unanswered for longer than the longest ejection has failed. After
+`PROBE_SUCCESSES` probes within the thresholds it re-enters at once, warm with that
+evidence, so it gets its live score, not its cold weight; until a whole window has
+passed it is judged by what it did since probing began. A failed probe ejects it again.
 
 State per group, on the router's injectable clock; pure (no I/O). Keyed by target label
 (`provider/model_ref`), like the observations.
@@ -16,18 +20,22 @@ State per group, on the router's injectable clock; pure (no I/O). Keyed by targe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
 from sidecar.routing.affinity import Clock
+from sidecar.routing.observations import ObservationView, TargetObservations
 
-# Probing: one decision in this many may carry a probe (per group), and this many probes
-# within the thresholds bring a target back.
-PROBE_INTERVAL = 20
+# Probing: one at a time, at most one in this many decisions of the group; this many
+# observations within the thresholds bring a target back.
+PROBE_INTERVAL = 10
 PROBE_SUCCESSES = 3
-# An ejection lasts base × 2^(n−1) for the n-th in a row, at most base × MAX_BACKOFF; a
-# target that stayed in for MAX_BACKOFF × base since it re-entered starts again from 1.
-MAX_BACKOFF = 8
+# The n-th ejection in a row lasts base × 2^(n−1), base = window / BASE_FRACTION (at least
+# MIN_BASE_SECONDS), never more than window / MAX_FRACTION; a target ejected again within a
+# window of its re-entry continues the count.
+BASE_FRACTION = 6
+MAX_FRACTION = 3
 MIN_BASE_SECONDS = 5.0
 
 
@@ -41,21 +49,24 @@ class Health(StrEnum):
 class _Ejected:
     until: float
     count: int
+    tally: object = None          # taken when probing begins
+    probes: int = 0               # probes sent (counting evidence that came in regardless)
+    probe_at: float = -math.inf   # when the last one was sent
 
 
 @dataclass(slots=True)
 class _Reentered:
     at: float
     count: int
+    tally: object
 
 
 class Ejections:
     """One group's ejected, probing and recently re-entered targets."""
 
     def __init__(self, window_seconds: int, clock: Clock) -> None:
-        # Half a window: long enough not to flap, short enough that a target that recovered
-        # is probed well within one window.
-        self.base_seconds = max(MIN_BASE_SECONDS, window_seconds / 2)
+        self.base_seconds = max(MIN_BASE_SECONDS, window_seconds / BASE_FRACTION)
+        self.max_seconds = max(self.base_seconds, window_seconds / MAX_FRACTION)
         self._window = window_seconds
         self._clock = clock
         self._ejected: dict[str, _Ejected] = {}
@@ -77,42 +88,68 @@ class Ejections:
             return Health.IN
         return Health.EJECTED if now < state.until else Health.PROBING
 
-    def probing_seconds(self, label: str, now: float) -> int:
-        """How far back a probing target's evidence reaches: since its ejection ended."""
-        return max(1, int(now - self._ejected[label].until) + 1)
+    def probe_evidence(self, label: str, observations: ObservationView) -> TargetObservations:
+        """What a probing target has done since probing began (the tally is taken at the
+        first decision that finds it probing: late replies to requests sent before the
+        ejection do not count)."""
+        state = self._ejected[label]
+        if state.tally is None:
+            state.tally = observations.tally(label)
+        return observations.since(label, state.tally)
 
-    def window_for(self, label: str, now: float) -> int:
-        """The observation window to judge `label` by: since it re-entered, until a whole
-        window has passed (so old evidence from before its ejection does not count)."""
+    def observed(self, label: str, now: float, observations: ObservationView
+                 ) -> TargetObservations | None:
+        """A re-entered target's figures: what it did since probing began, until a whole
+        window has passed (then None: its ordinary window applies)."""
         back = self._reentered.get(label)
         if back is None:
-            return self._window
-        if now - back.at >= max(self._window, MAX_BACKOFF * self.base_seconds):
+            return None
+        if now - back.at >= self._window:
             del self._reentered[label]  # long since back: forgotten, the group goes idle
-            return self._window
-        since = int(now - back.at) + 1
-        return self._window if since >= self._window else max(1, since)
+            return None
+        return observations.since(label, back.tally)
+
+    def reentered(self, label: str) -> bool:
+        return label in self._reentered
 
     def eject(self, label: str, now: float) -> None:
         previous = self._ejected.get(label)
         back = self._reentered.pop(label, None)
         if previous is not None:
             count = previous.count + 1
-        elif back is not None and now - back.at < MAX_BACKOFF * self.base_seconds:
+        elif back is not None:
             count = back.count + 1
         else:
             count = 1
-        factor = min(2 ** (count - 1), MAX_BACKOFF)
-        self._ejected[label] = _Ejected(now + self.base_seconds * factor, count)
+        seconds = min(self.base_seconds * 2 ** min(count - 1, 16), self.max_seconds)
+        self._ejected[label] = _Ejected(now + seconds, count)
 
     def reenter(self, label: str, now: float) -> None:
         state = self._ejected.pop(label)
-        self._reentered[label] = _Reentered(now, state.count)
+        self._reentered[label] = _Reentered(now, state.count, state.tally)
 
-    def probe_due(self) -> bool:
-        """Whether this decision of the group may carry a probe (one in PROBE_INTERVAL)."""
+    def probe_due(self, label: str, now: float, evidence: int) -> bool:
+        """Whether this decision carries a probe to `label`: one decision in
+        PROBE_INTERVAL, and one at a time: only once every earlier probe has been answered
+        (`evidence`: observations since probing began). A target that answers slowly is
+        probed slowly: answers in parallel would let a borderline-sick target collect its
+        good answers by luck, and every probe in flight is a request it may fail."""
         self._decisions += 1
-        return self._decisions % PROBE_INTERVAL == 0
+        if self._decisions % PROBE_INTERVAL:
+            return False
+        state = self._ejected[label]
+        if evidence < state.probes:
+            return False
+        state.probes = evidence + 1
+        state.probe_at = now
+        return True
+
+    def probe_overdue(self, label: str, now: float, evidence: int) -> bool:
+        """The last probe has gone unanswered for longer than the longest ejection: a
+        failed probe (a target that slow is not well), so its late answer, which would
+        land in the next probing's tally otherwise, cannot hold back a recovered target."""
+        state = self._ejected[label]
+        return evidence < state.probes and now - state.probe_at > self.max_seconds
 
     def ejected_count(self) -> int:
         return len(self._ejected)

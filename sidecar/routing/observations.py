@@ -56,6 +56,15 @@ class ObservationView(Protocol):
         """Figures for `target_key` over the last `window_seconds`."""
         ...
 
+    def tally(self, target_key: str) -> object:
+        """A mark of what has been observed for `target_key` so far (for `since`)."""
+        ...
+
+    def since(self, target_key: str, tally: object) -> TargetObservations:
+        """Figures over exactly what was observed for `target_key` after `tally` was taken:
+        how a probed target is judged, independent of the window's slice width."""
+        ...
+
 
 @dataclass(frozen=True)
 class ObservationSnapshot:
@@ -65,6 +74,13 @@ class ObservationSnapshot:
 
     def get(self, target_key: str, window_seconds: int) -> TargetObservations:
         return self.targets.get(target_key, NO_OBSERVATIONS)
+
+    def tally(self, target_key: str) -> object:
+        return None
+
+    def since(self, target_key: str, tally: object) -> TargetObservations:
+        """A snapshot is one moment: nothing comes after it."""
+        return NO_OBSERVATIONS
 
 
 EMPTY_SNAPSHOT = ObservationSnapshot({})

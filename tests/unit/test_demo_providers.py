@@ -69,3 +69,23 @@ def test_status_latency_and_reset_knobs(farm: ProviderThread) -> None:
         call(farm, "/chat/completions", {"model": "m"})
     assert [r.path for r in provider.received] == [
         "/p/v1/messages"] + ["/p/v1/chat/completions"] * 3  # the reset one is recorded too
+
+
+def test_drift_knobs_error_rate_reply_length_and_output_rate_are_seeded(
+        farm: ProviderThread) -> None:
+    """The routing-quality benchmark's drifting provider: the same seed gives the same
+    failures; replies are `reply_words` long and take words ÷ tokens_per_s."""
+    provider = farm.provider("p")
+    provider.behaviour = Behaviour(error_rate=0.5, reply_words=lambda request: 20,
+                                   tokens_per_s=400.0)
+    statuses = [call(farm, "/chat/completions", {"model": "m"}).status_code
+                for _ in range(40)]
+    assert set(statuses) == {200, 503} and 8 < statuses.count(503) < 32
+    replay = FakeProvider("p", seed=0)
+    assert [replay.rng.random() < 0.5 for _ in range(40)] == [s == 503 for s in statuses]
+    provider.behaviour = Behaviour(reply_words=lambda request: 20, tokens_per_s=400.0)
+    started = time.monotonic()
+    body = call(farm, "/chat/completions", {"model": "m"}).json()
+    assert body["usage"]["completion_tokens"] == 20
+    assert time.monotonic() - started >= 20 / 400.0
+    assert provider.received[-1].at >= started

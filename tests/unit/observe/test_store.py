@@ -150,3 +150,24 @@ def test_the_read_cache_is_bounded_whatever_windows_are_asked() -> None:
         store.summary("p/m", window)
     assert len(store._cache) <= 1024
     assert store.summary("p/m", 10**9).window_seconds == 600     # clamped, and says so
+
+
+def test_since_a_tally_is_exact_whatever_the_slice_width_and_cached_for_refresh() -> None:
+    clock = Clock(1_005.0)
+    store = ObservationStore(slice_seconds=10, refresh_seconds=1.0, clock=clock)
+    store.record(Observation("p/m", Outcome.SERVER_ERROR))  # before: in the same slice
+    tally = store.tally("p/m")
+    assert store.since("p/m", tally).count == 0
+    store.record(ok(latency=200.0))
+    store.record(ok(latency=300.0))
+    assert store.since("p/m", tally).count == 0  # cached view, at most 1 s old
+    clock.now += 1.0
+    after = store.since("p/m", tally)
+    assert (after.count, after.error_rate) == (2, 0.0)  # the earlier 5xx is not in it
+    assert store.get("p/m", 10).count == 3              # the window's slice holds all three
+    assert store.since("p/none", store.tally("p/none")).count == 0
+    # Lifetime figures survive the retention window, so a tally never goes negative.
+    clock.now += 10_000
+    store.record(ok())
+    clock.now += 1.0
+    assert store.since("p/m", tally).count == 3

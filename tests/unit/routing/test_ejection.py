@@ -1,15 +1,14 @@
 """Ejection with memory and recovery by probing (issue 14, items 2 and 3), simulated at the
 router with an injected clock: a target that failed a threshold stays out after its evidence
-ages out (it used to come back cold at full weight), is probed at a bounded, deterministic
-rate once its ejection ends, re-enters after PROBE_SUCCESSES good probes with its window
-restarted, and goes out for longer after a failed probe."""
+ages out (it used to come back cold at full weight), is probed one request at a time at a
+bounded, deterministic rate once its ejection ends, re-enters warm after PROBE_SUCCESSES
+good probes, judged by what it did since probing began, and goes out for longer (never
+past half a window) after a failed probe."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from sidecar.routing.decision import Decision
-from sidecar.routing.ejection import MAX_BACKOFF, PROBE_INTERVAL, PROBE_SUCCESSES, Health
+from sidecar.routing.ejection import PROBE_INTERVAL, PROBE_SUCCESSES, Health
 from sidecar.routing.observations import TargetObservations
 from sidecar.routing.router import Router
 from tests.unit.routing.helpers import config, request, warm
@@ -38,17 +37,28 @@ class Clock:
 
 
 class View:
-    """Observations by target and window: `figures[label]` is what the full window shows,
-    `recent[label]` what a short window (a probe's or a re-entered target's) shows."""
+    """Observations by target: `figures[label]` is what the window shows; `arrive(label,
+    figures)` adds evidence that `since` reports to tallies taken before it arrived."""
 
     def __init__(self) -> None:
         self.figures: dict[str, TargetObservations] = {}
-        self.recent: dict[str, TargetObservations] = {}
+        self.arrivals: dict[str, list[TargetObservations]] = {}
 
     def get(self, label: str, window: int) -> TargetObservations:
-        if window < 30 and label in self.recent:
-            return self.recent[label]
         return self.figures.get(label, TargetObservations())
+
+    def arrive(self, label: str, count: int, **figures: float) -> None:
+        self.arrivals.setdefault(label, []).append(TargetObservations(count=count, **figures))
+
+    def tally(self, label: str) -> int:
+        return len(self.arrivals.get(label, []))
+
+    def since(self, label: str, tally: object) -> TargetObservations:
+        assert isinstance(tally, int)
+        after = self.arrivals.get(label, [])[tally:]
+        count = sum(o.count for o in after)
+        errors = sum(o.count * o.error_rate for o in after)
+        return TargetObservations(count=count, error_rate=errors / count if count else 0.0)
 
 
 def setup() -> tuple[Router, Clock, View]:
@@ -64,69 +74,127 @@ def decide(router: Router, view: View) -> Decision:
     return outcome
 
 
+def probing(router: Router, clock: Clock, view: View) -> None:
+    """Eject the sick target, let its bad evidence age out and its ejection end."""
+    decide(router, view)
+    clock.now += router.ejections("g").base_seconds + 1
+    view.figures[SICK] = TargetObservations()
+
+
 def test_a_drained_target_stays_out_after_its_evidence_ages_out() -> None:
     router, clock, view = setup()
     first = decide(router, view)
     assert (SICK, "thresholds.max_error_rate") in first.trace.exclusions
     view.figures[SICK] = TargetObservations()  # its bad evidence aged out: it looks cold
-    clock.now += 10
+    clock.now += 1
     later = decide(router, view)
     assert (SICK, "thresholds.ejected") in later.trace.exclusions
     assert [c.label for c in later.ordered] == ["p/good"]
 
 
-def test_probes_are_bounded_deterministic_and_never_pinned() -> None:
+def test_one_probe_at_a_time_in_one_decision_in_probe_interval_never_pinned() -> None:
     router, clock, view = setup()
-    decide(router, view)
+    probing(router, clock, view)
     ejections = router.ejections("g")
-    clock.now += ejections.base_seconds + 1
-    view.figures[SICK] = TargetObservations()
     decisions = [decide(router, view) for _ in range(10 * PROBE_INTERVAL)]
     assert ejections.health(SICK, clock.now) is Health.PROBING
     probes = [d for d in decisions if d.trace.probe == SICK]
-    assert len(probes) == 10  # exactly one decision in PROBE_INTERVAL
-    for probe in probes:
-        assert [c.label for c in probe.ordered] == [SICK, "p/good"]  # fallback follows
-    others = Counter(d.primary.label for d in decisions if d.trace.probe is None)
-    assert set(others) == {"p/good"}
+    assert len(probes) == 1  # its answer has not come back: no second probe
+    assert decisions.index(probes[0]) == PROBE_INTERVAL - 1
+    assert [c.label for c in probes[0].ordered] == [SICK, "p/good"]  # fallback follows
+    assert {d.primary.label for d in decisions if d.trace.probe is None} == {"p/good"}
+    # Unanswered for longer than the longest ejection: a failed probe, ejected again, and
+    # probed afresh (its late answer is not in the new tally).
+    clock.now += ejections.max_seconds + 0.5
+    assert (SICK, "thresholds.ejected") in decide(router, view).trace.exclusions
+    view.arrive(SICK, 1, error_rate=1.0)  # the late answer
+    clock.now += ejections.max_seconds + 0.5
+    assert [decide(router, view).trace.probe for _ in range(PROBE_INTERVAL)].count(SICK) == 1
+    # A good answer arrives: the next probe goes at the next probe slot, and waits again.
+    view.arrive(SICK, 1)
+    later = [decide(router, view) for _ in range(3 * PROBE_INTERVAL)]
+    assert [d.trace.probe for d in later].count(SICK) == 1
 
 
-def test_good_probes_bring_it_back_at_once_with_its_live_figures() -> None:
+def test_a_probe_never_carries_a_pinned_conversations_turn() -> None:
     router, clock, view = setup()
+    probing(router, clock, view)
+    turn = request(conversation_key=b"k" * 32)
+    first = router.decide(turn, view)  # pins the conversation to the usual pick
+    assert isinstance(first, Decision) and first.primary.label == "p/good"
+    follow_ups = [router.decide(turn, view) for _ in range(3 * PROBE_INTERVAL)]
+    assert all(isinstance(d, Decision) and d.trace.probe is None
+               and d.primary.label == "p/good" for d in follow_ups)
+    # The probe waits for a request that is not a pinned turn.
+    assert [decide(router, view).trace.probe for _ in range(PROBE_INTERVAL)].count(SICK) == 1
+
+
+def test_evidence_from_before_probing_does_not_count() -> None:
+    router, clock, view = setup()
+    decide(router, view)  # ejected
+    view.arrive(SICK, 5, error_rate=1.0)  # late replies to requests sent before the ejection
+    clock.now += router.ejections("g").base_seconds + 1
+    view.figures[SICK] = TargetObservations()
     decide(router, view)
+    assert router.ejections("g").health(SICK, clock.now) is Health.PROBING
+
+
+def test_good_probes_bring_it_back_at_once_warm_with_its_live_figures() -> None:
+    router, clock, view = setup()
+    probing(router, clock, view)
     ejections = router.ejections("g")
-    clock.now += ejections.base_seconds + 1
+    decide(router, view)  # probing began (its tally is taken)
     view.figures[SICK] = warm(50, error_rate=0.2)  # the full window still remembers
-    view.recent[SICK] = warm(PROBE_SUCCESSES)      # what its probes did: all fine
+    view.arrive(SICK, PROBE_SUCCESSES)            # what its probes did: all fine
     back = decide(router, view)
     assert ejections.health(SICK, clock.now) is Health.IN
     assert SICK in {c.label for c in back.ordered}
     assert not any(target == SICK for target, _ in back.trace.exclusions)
-    # Judged from then on by what it did since it re-entered, not by the old window.
+    # Warm at once (its live score, not its cold weight) and judged by what it did since
+    # probing began, not by the old window.
+    assert back.trace.cold_start == "all_warm"
     clock.now += 5
-    assert SICK in {c.label for c in decide(router, view).ordered}
-    # Long after, the group has nothing to remember (and decisions take the fast path).
+    again = decide(router, view)
+    assert SICK in {c.label for c in again.ordered} and again.trace.cold_start == "all_warm"
+    # A window later the group has nothing to remember (and decisions take the fast path).
     view.figures[SICK] = warm(50)
-    clock.now += MAX_BACKOFF * ejections.base_seconds + 30
+    clock.now += 30
     decide(router, view)
     assert ejections.idle
 
 
-def test_a_failed_probe_ejects_it_again_for_longer_up_to_the_cap() -> None:
+def test_a_failed_probe_ejects_it_again_for_longer_up_to_a_third_of_a_window() -> None:
     router, clock, view = setup()
     decide(router, view)
     ejections = router.ejections("g")
     lengths = []
-    view.recent[SICK] = warm(1, error_rate=1.0)  # every probe fails
     for _ in range(6):
         start = clock.now
         while ejections.health(SICK, clock.now) is Health.EJECTED:
-            clock.now += 1
+            clock.now += 0.5
         lengths.append(clock.now - start)
-        decide(router, view)  # probing: the failed probe's evidence ejects it again
+        decide(router, view)          # probing begins
+        view.arrive(SICK, 1, error_rate=1.0)  # its probe fails
+        decide(router, view)          # the failed probe ejects it again
     base = ejections.base_seconds
-    assert lengths[1] >= 2 * base - 1 and lengths[2] >= 4 * base - 1
-    assert max(lengths) <= MAX_BACKOFF * base + 1
+    assert lengths[0] <= base + 0.5 and lengths[1] >= 2 * base - 0.5
+    assert ejections.max_seconds == 10 and max(lengths) <= 10 + 0.5  # a third of 30 s
+    assert lengths[-1] >= 10 - 0.5
+
+
+def test_ejected_again_soon_after_reentry_continues_the_count() -> None:
+    router, clock, view = setup()
+    probing(router, clock, view)
+    ejections = router.ejections("g")
+    decide(router, view)
+    view.arrive(SICK, PROBE_SUCCESSES)
+    decide(router, view)  # back
+    view.arrive(SICK, 10, error_rate=0.5)  # sick again at once
+    clock.now += 2
+    decide(router, view)
+    assert ejections.health(SICK, clock.now) is Health.EJECTED
+    clock.now += ejections.base_seconds + 0.5
+    assert ejections.health(SICK, clock.now) is Health.EJECTED  # the second ejection: 2×
 
 
 def test_ejection_never_leaves_a_request_without_a_target() -> None:
