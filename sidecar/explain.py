@@ -96,6 +96,10 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
         "reasoning": trace.reasoning,
     }
     lines += [f"{key}: {value}" for key, value in details.items() if value]
+    if trace.blend:
+        a, k = trace.blend["adjustment"], trace.blend["sharpness"]
+        lines.append(f"blend: final = {1 - a:.2f} × weight share + {a:.2f} × warm weight × "
+                     f"softmax({k:g} × term) over the warm targets (cold: weight share)")
     for target, stage in trace.exclusions:
         lines.append(f"excluded: {target}  by {stage}")
     if trace.candidates:

@@ -107,6 +107,7 @@ class DynamicScore:
         self._qualities = tuple(eval_quality(t) for t in group.targets)
         self._adjustment = policy.max_score_adjustment_percent / 100
         self._sharpness = policy.blend_sharpness
+        self._blend_trace = {"adjustment": self._adjustment, "sharpness": self._sharpness}
         self._blends: dict[tuple[object, ...], Blend] = {}
 
     def order(
@@ -167,6 +168,8 @@ class DynamicScore:
         trace.cold_start = blend.cold_start
         trace.defer_candidates(partial(_candidate_rows, eligible, blend))
         trace.order = "blended_shares" if blend.blended else "weight_shares"
+        if blend.blended:
+            trace.blend = self._blend_trace
 
         picked = _pinned_or(lambda: rotation_for(indices).pick(indices, blend.final),
                             request, policy, affinity, indices, trace)

@@ -50,6 +50,9 @@ class DecisionTrace:
     affinity: str = "not_applicable"
     # The target this decision probes (an ejected target whose ejection ended), if any.
     probe: str | None = None
+    # How the warm targets' room was shared, when scores moved traffic: the adjustable
+    # fraction (`max_score_adjustment_percent` / 100) and the softmax `blend_sharpness`.
+    blend: dict[str, float] | None = None
     # The rows of `candidates`, or the function that builds them on first read: rounding
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.

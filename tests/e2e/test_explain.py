@@ -41,6 +41,9 @@ def test_explain_table_shows_winner_losers_and_scores(tmp_path: Path) -> None:
                               "final"]
     minimax = next(line for line in out.splitlines() if line.startswith("minimax/m3"))
     assert minimax.split()[4] == "1.000"  # fastest p95 → latency_score 1
+    # The blend step itself: the SPEC sample's 70 % room, split by softmax at sharpness 8.
+    assert ("blend: final = 0.30 × weight share + 0.70 × warm weight × softmax(8 × term) "
+            "over the warm targets (cold: weight share)") in out
 
 
 def test_explain_json_for_a_refusal(tmp_path: Path) -> None:

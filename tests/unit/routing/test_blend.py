@@ -47,6 +47,8 @@ def test_worked_example_scores_and_shares() -> None:
     assert rows["p/a"].final_share == pytest.approx(0.211891)
     assert rows["p/b"].final_share == pytest.approx(0.732554)
     assert rows["p/c"].final_share == pytest.approx(0.055556)
+    assert trace.blend == {"adjustment": 0.7, "sharpness": 8.0}
+    assert trace.to_dict()["blend"] == {"adjustment": 0.7, "sharpness": 8.0}
     buckets = {row["target"]: row["final_share_bucket"] for row in trace.to_dict()["candidates"]}
     assert buckets == {"p/a": "0.2-0.4", "p/b": "0.6-0.8", "p/c": "0.0-0.2"}
 

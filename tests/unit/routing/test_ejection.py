@@ -215,3 +215,29 @@ def test_ejection_never_leaves_a_request_without_a_target() -> None:
         outcome = decide(alone, view)
         assert [c.label for c in outcome.ordered] == [SICK]
         assert outcome.trace.thresholds_relaxed
+
+
+def test_a_pin_to_a_target_that_gets_ejected_is_replaced_and_never_points_back() -> None:
+    router, clock, view = setup()
+    view.figures[SICK] = warm(50)  # healthy at first
+    turn = request(conversation_key=b"c" * 32)
+    for n in range(20):  # distinct conversations until the rotation picks the sick target
+        first = router.decide(request(conversation_key=bytes([n]) * 32), view)
+        assert isinstance(first, Decision)
+        if first.primary.label == SICK:
+            turn = request(conversation_key=bytes([n]) * 32)
+            break
+    else:
+        raise AssertionError("the rotation never picked the sick target")
+    view.figures[SICK] = warm(50, error_rate=0.2)  # it goes bad: ejected
+    moved = router.decide(turn, view)
+    assert isinstance(moved, Decision) and moved.primary.label == "p/good"
+    assert moved.trace.affinity == "ineligible_replaced"
+    # Ejected, then probing: the pin holds on the new target; no probe takes the turn.
+    view.figures[SICK] = TargetObservations()
+    for _ in range(3):
+        clock.now += router.ejections("g").max_seconds + 1
+        for _ in range(2 * PROBE_INTERVAL):
+            again = router.decide(turn, view)
+            assert isinstance(again, Decision) and again.primary.label == "p/good"
+            assert again.trace.affinity == "hit" and again.trace.probe is None
