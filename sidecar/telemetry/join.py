@@ -1,0 +1,78 @@
+"""The join: a decision (ext_proc) and its outcome (Envoy's access log), by Envoy's request id.
+
+`decided` runs on the request path and is one dict insert; everything else runs when the
+access log arrives or on the periodic sweep. The pending map is bounded twice: by size
+(`max_pending`; the oldest decision is written without its outcome, `evicted`) and by age
+(`max_age_s`, the longest a request can take; then `decision_only`). An outcome with no
+decision (Envoy answered before ext_proc, or the decision was evicted) is written as
+`log_only`; an id decided twice is a collision (`duplicate_id`), never one request.
+Everything is on the sidecar's event loop; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from sidecar.config.models import Pricing
+from sidecar.telemetry.rows import DecisionFacts, RequestResult, RequestRow, request_row
+
+Clock = Callable[[], float]
+Emit = Callable[[RequestRow], None]
+
+
+class Joiner:
+    def __init__(self, emit: Emit, prices: Mapping[str, Pricing], max_pending: int = 65_536,
+                 max_age_s: float = 3600.0, clock: Clock = time.monotonic,
+                 wall_clock: Clock = time.time) -> None:
+        self._emit = emit
+        self._prices = prices
+        self._max_pending = max_pending
+        self._max_age = max_age_s
+        self._clock = clock
+        self._wall = wall_clock
+        self._pending: OrderedDict[str, tuple[float, DecisionFacts]] = OrderedDict()
+        self.evicted = 0
+        self.expired = 0
+        self.log_only = 0
+        self.duplicates = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def decided(self, facts: DecisionFacts) -> None:
+        """The request path's only step: remember the decision until its outcome comes."""
+        earlier = self._pending.pop(facts.request_id, None)
+        if earlier is not None:
+            self.duplicates += 1
+            self._write(earlier[1], None, "duplicate_id")
+        elif len(self._pending) >= self._max_pending:
+            _, (_, oldest) = self._pending.popitem(last=False)
+            self.evicted += 1
+            self._write(oldest, None, "evicted")
+        self._pending[facts.request_id] = (self._clock(), facts)
+
+    def finished(self, result: RequestResult) -> None:
+        """The request's access-log entry arrived: one joined row (or a log-only one)."""
+        entry = self._pending.pop(result.request_id, None)
+        if entry is None:
+            self.log_only += 1
+            self._write(None, result, "log_only")
+        else:
+            self._write(entry[1], result, "joined")
+
+    def sweep(self) -> None:
+        """Write the decisions whose outcome can no longer come (called periodically)."""
+        horizon = self._clock() - self._max_age
+        while self._pending:
+            request_id, (since, facts) = next(iter(self._pending.items()))
+            if since > horizon:
+                break
+            del self._pending[request_id]
+            self.expired += 1
+            self._write(facts, None, "decision_only")
+
+    def _write(self, facts: DecisionFacts | None, result: RequestResult | None,
+               join: str) -> None:
+        self._emit(request_row(facts, result, self._prices, join, at=self._wall()))
