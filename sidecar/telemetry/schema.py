@@ -1,0 +1,61 @@
+"""The telemetry schema and its migrations, one SQL text for SQLite and PostgreSQL.
+
+Numbered migrations run in order at start; `schema_migrations` records which ran. Column
+names avoid SQL keywords (`group_name`, `join_kind`). Maps (request-shape buckets, the
+selected target's score buckets) are JSON text, so both engines store them alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import astuple, fields
+
+from sidecar.telemetry.rows import FallbackRow, RequestRow
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, (
+        """CREATE TABLE request_rows (
+            request_id TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL,
+            replica TEXT NOT NULL, caller TEXT NOT NULL, group_name TEXT NOT NULL,
+            strategy TEXT NOT NULL, cold_start TEXT, signals TEXT NOT NULL,
+            request_shape TEXT NOT NULL, complexity TEXT, prompt_features TEXT NOT NULL,
+            selected_scores TEXT NOT NULL, term_value_bucket TEXT, final_share_bucket TEXT,
+            exclusions TEXT NOT NULL, max_tokens_filtered BOOLEAN NOT NULL,
+            max_tokens_bucket TEXT, input_size_bucket TEXT, admission TEXT,
+            observation_count INTEGER, candidate_count INTEGER NOT NULL,
+            reasoning_effort TEXT, reasoning_budget_tokens INTEGER, affinity TEXT NOT NULL,
+            probe TEXT, selected_target TEXT, serving_target TEXT, attempts INTEGER,
+            status INTEGER, status_class TEXT NOT NULL, error_class TEXT,
+            latency_ms DOUBLE PRECISION, ttfb_ms DOUBLE PRECISION, input_tokens BIGINT,
+            output_tokens BIGINT, cached_tokens BIGINT, cost_usd DOUBLE PRECISION,
+            join_kind TEXT NOT NULL)""",
+        "CREATE INDEX request_rows_started_at ON request_rows (started_at)",
+        """CREATE TABLE fallback_transitions (
+            request_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, replica TEXT NOT NULL,
+            group_name TEXT NOT NULL, from_target TEXT NOT NULL, to_target TEXT NOT NULL,
+            attempt INTEGER NOT NULL, failure TEXT NOT NULL)""",
+        "CREATE INDEX fallback_transitions_at ON fallback_transitions (at)",
+    )),
+)
+LATEST = MIGRATIONS[-1][0]
+
+_RENAMED = {"group": "group_name", "join": "join_kind"}
+REQUEST_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(RequestRow)))
+FALLBACK_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(FallbackRow)))
+
+
+def request_values(replica: str, row: RequestRow) -> tuple[object, ...]:
+    values = [replica, *astuple(row)]
+    for name in ("request_shape", "selected_scores"):
+        index = REQUEST_COLUMNS.index(name)
+        values[index] = json.dumps(dict(values[index]), sort_keys=True)  # type: ignore[call-overload]
+    return tuple(values)
+
+
+def fallback_values(replica: str, row: FallbackRow) -> tuple[object, ...]:
+    return (replica, *astuple(row))
+
+
+def insert_sql(table: str, columns: tuple[str, ...], placeholder: str) -> str:
+    return (f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join([placeholder] * len(columns))})")
