@@ -32,3 +32,6 @@ ACCESS_LOG_NAME = "sidecar_observations"
 ATTEMPT_LOG_NAME = "sidecar_attempts"
 USAGE_NAMESPACE = "sidecar.usage"
 USAGE_KEY = "output_tokens"
+# Input and cached (prompt-cache read) tokens, for telemetry rows and cost.
+INPUT_TOKENS_KEY = "input_tokens"
+CACHED_TOKENS_KEY = "cached_tokens"

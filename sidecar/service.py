@@ -3,7 +3,9 @@ access logs, health) and the admin HTTP endpoint. Used by `sidecar serve` and `s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sidecar.admin import AdminServer
@@ -16,9 +18,33 @@ from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.sqlite_store import SQLiteStore
+from sidecar.telemetry.writer import TelemetryWriter
 
 if TYPE_CHECKING:
     from sidecar.extproc.grpcio_server import GrpcioServer
+
+
+@dataclass
+class Telemetry:
+    """The join and its writer, while telemetry is on (docs/telemetry.md)."""
+
+    joiner: Joiner
+    writer: TelemetryWriter
+    sweeper: asyncio.Task[None] | None = None
+
+    async def sweep_forever(self, every_s: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.joiner.sweep()
+
+    async def stop(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sweeper
+        await asyncio.to_thread(self.writer.close)
 
 
 @dataclass
@@ -26,10 +52,26 @@ class RunningSidecar:
     server: GrpcServer | GrpcioServer
     admin: AdminServer
     store: ObservationStore
+    telemetry: Telemetry | None = field(default=None)
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.admin.stop()
         await self.server.stop(grace=grace)
+        if self.telemetry is not None:
+            await self.telemetry.stop()
+
+
+def telemetry_for(config: SidecarConfig) -> Telemetry | None:
+    settings = config.telemetry
+    if settings.sqlite_path is None:
+        return None
+    writer = TelemetryWriter(SQLiteStore(settings.sqlite_path, settings.replica),
+                             queue_size=settings.queue_size).start()
+    prices = {f"{t.provider}/{t.model_ref}": t.pricing
+              for group in config.models.values() for t in group.targets if t.pricing}
+    joiner = Joiner(writer.offer, prices, max_pending=settings.max_pending,
+                    max_age_s=longest_request_s(config))
+    return Telemetry(joiner, writer)
 
 
 def observation_store(config: SidecarConfig) -> ObservationStore:
@@ -55,18 +97,31 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py)."""
     store = observation_store(config)
     enabled = config.observations.enabled
-    gateway = Gateway(runtime, observations=store, log_decisions=log_decisions)
+    telemetry = telemetry_for(config) if enabled else None
+    joiner = telemetry.joiner if telemetry is not None else None
+    gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
+                      telemetry=joiner)
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
-                                  attempt_window_s=longest_request_s(config))
+                                  attempt_window_s=longest_request_s(config),
+                                  telemetry=joiner)
                 if enabled else None)
     processor = ExternalProcessor(gateway)
     auth = ChannelAuth(channel_token) if channel_token is not None else None
-    server = await start_server(processor, grpc_address, receiver, auth, grpc_server)
+    try:
+        server = await start_server(processor, grpc_address, receiver, auth, grpc_server)
+    except OSError:
+        if telemetry is not None:
+            await telemetry.stop()
+        raise
     host, port = split_host_port(admin_address)
     admin = AdminServer(store, host, port, processor, server.counters.as_dict)
     try:
         await admin.start()
     except OSError as exc:
         await server.stop(grace=0)
+        if telemetry is not None:
+            await telemetry.stop()
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
-    return RunningSidecar(server, admin, store)
+    if telemetry is not None:
+        telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
+    return RunningSidecar(server, admin, store, telemetry)

@@ -249,6 +249,15 @@ class Observations(StrictModel):
     refresh_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 1000
 
 
+class Telemetry(StrictModel):
+    """Joined request rows and fallback rows (docs/telemetry.md). Off until a store is set."""
+
+    sqlite_path: Path | None = None
+    queue_size: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
+    max_pending: Annotated[PositiveInt, bounded(1, 10_000_000)] = 65_536
+    replica: str = ""
+
+
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
 
 
@@ -258,6 +267,7 @@ class SidecarConfig(StrictModel):
     callers: list[Caller] = Field(default_factory=list)
     limits: Limits = Limits()
     observations: Observations = Observations()
+    telemetry: Telemetry = Telemetry()
 
     @model_validator(mode="before")
     @classmethod

@@ -58,7 +58,14 @@ from envoy_data_plane.google.protobuf import Any, Value
 
 from sidecar.envoy_config.matchers import negated, skipped_when
 from sidecar.envoy_config.upstream_errors import held_reply_limit, length_within
-from sidecar.envoy_contract import ACCESS_LOG_NAME, EXT_PROC_CLUSTER, USAGE_KEY, USAGE_NAMESPACE
+from sidecar.envoy_contract import (
+    ACCESS_LOG_NAME,
+    CACHED_TOKENS_KEY,
+    EXT_PROC_CLUSTER,
+    INPUT_TOKENS_KEY,
+    USAGE_KEY,
+    USAGE_NAMESPACE,
+)
 from sidecar.observe.response_checks import (
     ERROR_TYPE_KEY,
     LOGGED_RESPONSE_HEADERS,
@@ -71,6 +78,16 @@ from sidecar.observe.response_checks import (
 
 # Where each dialect reports output tokens (JSON bodies and final SSE events alike).
 _USAGE_PATHS = (("usage", "completion_tokens"), ("usage", "output_tokens"))
+# Input tokens: Chat's `usage.prompt_tokens`, Anthropic's and Responses' `usage.input_tokens`
+# (an Anthropic stream says it in `message_start`, under `message`). Cached (prompt-cache
+# read) tokens: Chat's `prompt_tokens_details.cached_tokens`, Anthropic's
+# `cache_read_input_tokens`, Responses' `input_tokens_details.cached_tokens`.
+_INPUT_PATHS = (("usage", "prompt_tokens"), ("usage", "input_tokens"),
+                ("message", "usage", "input_tokens"))
+_CACHED_PATHS = (("usage", "prompt_tokens_details", "cached_tokens"),
+                 ("usage", "cache_read_input_tokens"),
+                 ("usage", "input_tokens_details", "cached_tokens"),
+                 ("message", "usage", "cache_read_input_tokens"))
 
 
 def _rule(path: tuple[str, ...], on_present: JsonToMetadataKeyValuePair,
@@ -108,9 +125,15 @@ def _json_rules() -> list[JsonToMetadataRule]:
                    on_missing=_constant(USAGE_MISSING_KEY, USAGE_MISSING),
                    on_error=_constant(NOT_JSON_KEY, NOT_JSON))
              for path in _USAGE_PATHS]
+    counts = [_rule(path, _extract(key, _TOKENS)) for key, path in _token_paths()]
     errors = [_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)) for path in _ERROR_PATHS]
     shapes = [_rule(path, _extract(SHAPE_KEY, _TEXT)) for path in _SHAPE_PATHS]
-    return [*usage, *errors, *shapes]
+    return [*usage, *counts, *errors, *shapes]
+
+
+def _token_paths() -> list[tuple[str, tuple[str, ...]]]:
+    return ([(INPUT_TOKENS_KEY, path) for path in _INPUT_PATHS]
+            + [(CACHED_TOKENS_KEY, path) for path in _CACHED_PATHS])
 
 
 def _event_rules() -> list[JsonContentParserRuleConfig]:
@@ -118,12 +141,14 @@ def _event_rules() -> list[JsonContentParserRuleConfig]:
     stream's events (read once per stream)."""
     usage = [JsonContentParserRuleConfig(rule=_rule(path, _extract(USAGE_KEY, _TOKENS)))
              for path in _USAGE_PATHS]
+    counts = [JsonContentParserRuleConfig(rule=_rule(path, _extract(key, _TOKENS)))
+              for key, path in _token_paths()]
     errors = [JsonContentParserRuleConfig(rule=_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)))
               for path in _ERROR_PATHS]
     shapes = [JsonContentParserRuleConfig(rule=_rule(path, _extract(SHAPE_KEY, _TEXT)),
                                           stop_processing_after_matches=1)
               for path in _SHAPE_PATHS]
-    return [*usage, *errors, *shapes]
+    return [*usage, *counts, *errors, *shapes]
 
 
 def usage_filters(max_request_body_bytes: int) -> list[HttpFilter]:

@@ -7,6 +7,7 @@ group and carries what routing needs. Every error is a `Reply` in the caller's d
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from sidecar.gateway.runtime import Runtime, TargetRoute
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
+from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.rows import DecisionFacts
 
 log = logging.getLogger("sidecar.gateway")
 _limited = LogLimiter(log, burst=10, interval=60.0)
@@ -52,14 +55,16 @@ class Pending:
     dialect: Dialect
     has_anthropic_version: bool
     stateful_session: bool = False
+    request_id: str = ""  # Envoy's x-request-id, for the telemetry join
 
 
 class Gateway:
     def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
-                 log_decisions: bool = False) -> None:
+                 log_decisions: bool = False, telemetry: Joiner | None = None) -> None:
         self._runtime = runtime
         self._observations = observations
         self._log_decisions = log_decisions
+        self._telemetry = telemetry
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
         self.retry_credentials_received = 0
 
@@ -100,7 +105,7 @@ class Gateway:
         if end_of_stream:
             return _error(ClientError(400, "Request body is required (a JSON object)"), anthropic)
         return Pending(caller, dialect, "anthropic-version" in headers,
-                       SESSION_HEADER in headers)
+                       SESSION_HEADER in headers, headers.get("x-request-id", ""))
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
@@ -131,6 +136,10 @@ class Gateway:
         decision = self._runtime.router.decide(summary, self._observations)
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
+        if self._telemetry is not None and pending.request_id:
+            self._telemetry.decided(DecisionFacts(pending.request_id, time.time(),
+                                                  pending.caller.name, model, decision,
+                                                  summary))
         if isinstance(decision, NoEligibleTarget):
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 

@@ -14,18 +14,26 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from typing import Protocol
 
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf.message import DecodeError
 
-from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_KEY, USAGE_NAMESPACE
+from sidecar.envoy_contract import (
+    ATTEMPT_LOG_NAME,
+    CACHED_TOKENS_KEY,
+    INPUT_TOKENS_KEY,
+    USAGE_KEY,
+    USAGE_NAMESPACE,
+)
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.observe.attempts import Attempt, AttemptTracker
+from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.rows import RequestResult
 
 log = logging.getLogger("sidecar.observe")
 # At most 10 such lines a minute, whatever the entries (grpcwire/ratelimit.py).
@@ -111,6 +119,33 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     )
 
 
+def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> RequestResult:
+    """What the per-request entry says for the telemetry row: every request has one, also
+    those no target served (then `serving_target` is None)."""
+    common = entry.common_properties
+    status = entry.response.response_code.value
+    usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
+    keys = usage.fields if usage is not None else {}
+
+    def count(key: str) -> int | None:
+        return int(keys[key].number_value) if key in keys else None
+
+    first_tx = _ms(common.time_to_first_upstream_tx_byte)
+    first_rx = _ms(common.time_to_first_upstream_rx_byte)
+    return RequestResult(
+        request_id=entry.request.request_id,
+        status=status,
+        serving_target=targets.get(common.upstream_cluster),
+        attempts=common.upstream_request_attempt_count,
+        error_class=outcome_of(common.response_flags, status).value,
+        latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
+        ttfb_ms=(first_rx - (first_tx or 0.0)) if first_rx is not None else None,
+        input_tokens=count(INPUT_TOKENS_KEY),
+        output_tokens=count(USAGE_KEY),
+        cached_tokens=count(CACHED_TOKENS_KEY),
+    )
+
+
 def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
                groups: Mapping[str, str]) -> Attempt | None:
     """One attempt from the router's per-attempt log; None for clusters that are no target."""
@@ -128,19 +163,28 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
     )
 
 
+class TelemetrySink(Protocol):
+    def finished(self, result: RequestResult) -> None: ...
+
+    def fallback(self, transition: Transition) -> None: ...
+
+
 class AccessLogReceiver:
     SERVICE = "envoy.service.accesslog.v3.AccessLogService"
     METHOD = "StreamAccessLogs"
 
     def __init__(self, store: ObservationStore, targets: Mapping[str, str],
                  groups: Mapping[str, str] | None = None,
-                 attempt_window_s: float = 3600.0) -> None:
+                 attempt_window_s: float = 3600.0, telemetry: TelemetrySink | None = None
+                 ) -> None:
         """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
-        the model group; `attempt_window_s` is the longest a request's attempts can span."""
+        the model group; `attempt_window_s` is the longest a request's attempts can span;
+        `telemetry` receives every request's result and every fallback transition."""
         self._store = store
         self._targets = targets
         self._groups = groups or {}
         self._attempts = AttemptTracker(max_age_s=attempt_window_s)
+        self._telemetry = telemetry
 
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
@@ -159,6 +203,8 @@ class AccessLogReceiver:
         observation = observation_of(entry, self._targets)
         if observation is not None:
             self._store.record(observation)
+        if self._telemetry is not None:
+            self._telemetry.finished(result_of(entry, self._targets))
 
     def _attempt(self, entry: al.HTTPAccessLogEntry) -> None:
         attempt = attempt_of(entry, self._targets, self._groups)
@@ -168,6 +214,8 @@ class AccessLogReceiver:
         if transition is not None:
             self._store.record(transition.observation())
             fallback_log.info("%s", json.dumps(transition.event(), separators=(",", ":")))
+            if self._telemetry is not None:
+                self._telemetry.fallback(transition)
 
 
 class AccessLogStream:

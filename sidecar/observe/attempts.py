@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.observe.records import Observation, Outcome
 
@@ -51,6 +51,8 @@ class Transition:
     error_class: str
     attempt: int
     failed_after_ms: float | None
+    # Envoy's id of the request, for its telemetry row (not part of the event or equality).
+    request_id: str = field(default="", compare=False)
 
     def observation(self) -> Observation:
         return Observation(target=self.from_target, outcome=Outcome(self.error_class),
@@ -89,7 +91,8 @@ class AttemptTracker:
             failed, failed_number, _ = previous
             number = failed_number + 1
             transition = Transition(failed.group, failed.target, attempt.target,
-                                    failed.outcome.value, failed_number, failed.duration_ms)
+                                    failed.outcome.value, failed_number, failed.duration_ms,
+                                    attempt.request_id)
         if attempt.outcome not in _NOT_FAILURES:
             self._pending[attempt.request_id] = (attempt, number, now)
             while len(self._pending) > self._max_pending:

@@ -5,7 +5,8 @@ access log arrives or on the periodic sweep. The pending map is bounded twice: b
 (`max_pending`; the oldest decision is written without its outcome, `evicted`) and by age
 (`max_age_s`, the longest a request can take; then `decision_only`). An outcome with no
 decision (Envoy answered before ext_proc, or the decision was evicted) is written as
-`log_only`; an id decided twice is a collision (`duplicate_id`), never one request.
+`log_only` (a request no target served and no decision saw, e.g. one refused for its
+token, makes no row); an id decided twice is a collision (`duplicate_id`), never one request.
 Everything is on the sidecar's event loop; the clock is injected.
 """
 
@@ -16,10 +17,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from sidecar.config.models import Pricing
-from sidecar.telemetry.rows import DecisionFacts, RequestResult, RequestRow, request_row
+from sidecar.observe.attempts import Transition
+from sidecar.telemetry.rows import (
+    DecisionFacts,
+    FallbackRow,
+    RequestResult,
+    RequestRow,
+    request_row,
+)
 
 Clock = Callable[[], float]
-Emit = Callable[[RequestRow], None]
+Emit = Callable[[RequestRow | FallbackRow], object]
 
 
 class Joiner:
@@ -37,6 +45,7 @@ class Joiner:
         self.expired = 0
         self.log_only = 0
         self.duplicates = 0
+        self.unrouted = 0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -56,11 +65,19 @@ class Joiner:
     def finished(self, result: RequestResult) -> None:
         """The request's access-log entry arrived: one joined row (or a log-only one)."""
         entry = self._pending.pop(result.request_id, None)
-        if entry is None:
+        if entry is not None:
+            self._write(entry[1], result, "joined")
+        elif result.serving_target is not None:
             self.log_only += 1
             self._write(None, result, "log_only")
-        else:
-            self._write(entry[1], result, "joined")
+        else:  # refused before any decision (authentication, unknown path …): no row
+            self.unrouted += 1
+
+    def fallback(self, transition: Transition) -> None:
+        """A pre-commit failure another target took over: one fallback row."""
+        self._emit(FallbackRow(transition.request_id, self._wall(), transition.group,
+                               transition.from_target, transition.to_target,
+                               transition.attempt, transition.error_class))
 
     def sweep(self) -> None:
         """Write the decisions whose outcome can no longer come (called periodically)."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from sidecar.config.models import Pricing
 from sidecar.routing.decision import Decision, NoEligibleTarget
+from sidecar.routing.request import RequestSummary
+from sidecar.routing.signals import request_shape_buckets
 from sidecar.routing.trace import bucket
 
 # Hard-filter stage that removes targets ignoring a caller's max-token cap.
@@ -28,6 +30,8 @@ class DecisionFacts:
     caller: str                    # the configured caller name
     group: str
     outcome: Decision | NoEligibleTarget
+    # The request's summary, for its shape buckets when the strategy did not compute them.
+    summary: RequestSummary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,8 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
                 if facts is not None and isinstance(facts.outcome, Decision) else None)
     row = next((c for c in trace.candidates if c.target == selected), None) if trace else None
     shape = dict(trace.request_shape) if trace else {}
+    if not shape and facts is not None and facts.summary is not None:
+        shape = request_shape_buckets(facts.summary)
     reasoning = (trace.reasoning or {}) if trace else {}
     serving = result.serving_target if result is not None else None
     return RequestRow(

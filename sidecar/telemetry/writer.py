@@ -26,6 +26,9 @@ _STOP = object()
 
 
 class Store(Protocol):
+    def open(self) -> None:
+        ...
+
     def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
         ...
 
@@ -75,6 +78,10 @@ class TelemetryWriter:
         self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
+        try:  # the schema exists from the start, not from the first row
+            self._store.open()
+        except Exception:
+            _limited.exception("telemetry_open", "telemetry store cannot be opened yet")
         stopping = False
         while not stopping:
             batch: list[object] = []

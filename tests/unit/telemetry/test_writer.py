@@ -58,6 +58,9 @@ class StalledStore:
         self.batches: list[int] = []
         self.fail_next = True
 
+    def open(self) -> None:
+        pass
+
     def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
         self.release.wait(30)
         if self.fail_next:

@@ -1,0 +1,114 @@
+"""Telemetry through the real stack (issue #15, first increment): every routed request
+becomes exactly one joined row in SQLite with its serving target, tokens and cost, every
+pre-commit failure one fallback row, and a caller cannot choose the join's request id."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from sidecar.devstack.harness import UpProcess, keyed_stack
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "telemetry-caller-token"
+KEYS = {"good": "key-good", "flaky": "key-flaky"}
+CONFIG = """\
+providers:
+  good: {{base_url: '{good}', credential: {{env: KEY_GOOD}}}}
+  flaky: {{base_url: '{flaky}', credential: {{env: KEY_FLAKY}}}}
+callers: [{{name: team-a, token_sha256: {digest}}}]
+observations: {{flush_interval_ms: 50, refresh_ms: 10}}
+telemetry: {{sqlite_path: '{db}', replica: e2e}}
+models:
+  chain:
+    strategy: failover
+    targets:
+      - provider: flaky
+        model_ref: flaky-model
+        pricing: {{input_per_mtok: 3, output_per_mtok: 15}}
+      - provider: good
+        model_ref: good-model
+        pricing: {{input_per_mtok: 1, output_per_mtok: 4}}
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, Path, dict]]:
+    workdir = tmp_path_factory.mktemp("telemetry")
+    db = workdir / "telemetry.db"
+    fakes = [FakeProvider("good", api_key=KEYS["good"]),
+             FakeProvider("flaky", api_key=KEYS["flaky"])]
+    with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
+            good=providers.base_url("good"), flaky=providers.base_url("flaky"), db=db,
+            digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS) as (up, providers):
+        yield up, db, {"flaky": providers.provider("flaky"), "good": providers.provider("good")}
+
+
+def rows(db: Path, table: str, expected: int, timeout_s: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sqlite3.connect(db) as conn:
+            conn.row_factory = sqlite3.Row
+            found = [dict(r) for r in conn.execute(f"SELECT * FROM {table}")]
+        if len(found) >= expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> None:
+    up, db, fakes = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    fakes["flaky"].behaviour = Behaviour(status=503)  # every request falls back once
+    messages = [{"role": "user", "content": "hello telemetry"}]
+    unary = client.chat.completions.create(model="chain", messages=messages)
+    streamed = list(client.chat.completions.create(
+        model="chain", messages=messages, stream=True, stream_options={"include_usage": True}))
+    fakes["flaky"].behaviour = Behaviour()
+    direct = client.chat.completions.with_raw_response.create(
+        model="chain", messages=messages, extra_headers={"x-request-id": "caller-chosen"})
+
+    found = rows(db, "request_rows", 3)
+    assert len(found) == 3
+    assert {r["join_kind"] for r in found} == {"joined"}
+    assert {r["caller"] for r in found} == {"team-a"} and {r["replica"] for r in found} == {"e2e"}
+    assert "caller-chosen" not in {r["request_id"] for r in found}
+    by_serving = sorted((r["serving_target"], r["attempts"]) for r in found)
+    assert by_serving == [("flaky/flaky-model", 1), ("good/good-model", 2),
+                          ("good/good-model", 2)]
+    usage = {(unary.usage.prompt_tokens, unary.usage.completion_tokens),
+             (streamed[-1].usage.prompt_tokens, streamed[-1].usage.completion_tokens)}
+    fallen_back = [r for r in found if r["attempts"] == 2]
+    assert {(r["input_tokens"], r["output_tokens"]) for r in fallen_back} == usage
+    for r in fallen_back:
+        assert r["selected_target"] == "flaky/flaky-model" and r["status_class"] == "2xx"
+        assert r["cost_usd"] == pytest.approx(
+            (r["input_tokens"] * 1 + r["output_tokens"] * 4) / 1e6)
+    served = next(r for r in found if r["attempts"] == 1)
+    assert served["cost_usd"] == pytest.approx(
+        (served["input_tokens"] * 3 + served["output_tokens"] * 15) / 1e6)
+    assert json.loads(served["request_shape"])["dialect"] == "openai_chat"
+    assert direct.http_response.status_code == 200
+
+    transitions = rows(db, "fallback_transitions", 2)
+    assert sorted((t["from_target"], t["to_target"], t["failure"]) for t in transitions) == [
+        ("flaky/flaky-model", "good/good-model", "server_error")] * 2
+    assert {t["request_id"] for t in transitions} == {r["request_id"] for r in fallen_back}
+
+
+def test_requests_refused_before_routing_make_no_row(stack) -> None:
+    up, db, _ = stack
+    before = len(rows(db, "request_rows", 0))
+    bad = openai.OpenAI(base_url=up.base_url + "/v1", api_key="wrong-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="chain", messages=[{"role": "user", "content": "x"}])
+    time.sleep(0.5)  # the access log flushes every 50 ms; the writer every 250 ms
+    assert len(rows(db, "request_rows", 0)) == before
