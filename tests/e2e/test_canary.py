@@ -7,10 +7,14 @@ its own key, and it must see none of the caller's secrets."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,9 +31,12 @@ PROVIDER_KEY = f"canary-provider-key-{RUN}"
 SECOND_KEY = f"canary-second-key-{RUN}"
 HEADER = f"CANARY-HEADER-{RUN}"
 COOKIE = f"CANARY-COOKIE-{RUN}"
-CALLER_SECRETS = (PROMPT, CALLER_TOKEN, HEADER, COOKIE,
-                  hashlib.sha256(CALLER_TOKEN.encode()).hexdigest())
-EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY)
+IMAGE = f"CANARY-IMAGE-{RUN}"
+TOOL_OUTPUT = f"CANARY-TOOL-OUTPUT-{RUN}"
+_PLAIN = (PROMPT, CALLER_TOKEN, HEADER, COOKIE, IMAGE, TOOL_OUTPUT)
+CALLER_SECRETS = (*_PLAIN, *(hashlib.sha256(s.encode()).hexdigest() for s in _PLAIN))
+EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY,
+                *(hashlib.sha256(s.encode()).hexdigest() for s in (PROVIDER_KEY, SECOND_KEY)))
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +54,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 providers:
   canary: {{base_url: '{providers.base_url("canary")}', credential: {{env: CANARY_KEY}}}}
   second: {{base_url: '{providers.base_url("second")}', credential: {{file: {key_file}}}}}
-callers: [{{name: canary-team, token_sha256: {CALLER_SECRETS[-1]}}}]
+callers: [{{name: canary-team, token_sha256: {hashlib.sha256(CALLER_TOKEN.encode()).hexdigest()}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
+telemetry: {{sqlite_path: '{workdir / "telemetry.db"}'}}
 models:
   canary-group:
     strategy: failover
     targets:
-      - {{provider: canary, model_ref: canary-model}}
-      - {{provider: second, model_ref: second-model}}
+      - {{provider: canary, model_ref: canary-model, tags: [vision, tool_capable]}}
+      - {{provider: second, model_ref: second-model, tags: [vision, tool_capable]}}
 """)
         log_path = workdir / "up.log"
         up = UpProcess(["--log-level", "debug", "--config", str(config), "--log-decisions"],
@@ -62,10 +70,20 @@ models:
         with up.running():
             places = _exercise(up, providers)
             places |= _collect(up)
+            time.sleep(1.0)  # the access log (50 ms) and the telemetry writer (250 ms)
+            places["telemetry SQLite, every table and column"] = _dump(workdir / "telemetry.db")
         places["sidecar and Envoy log (debug / warning)"] = log_path.read_text()
         places["provider canary received"] = _received(providers, "canary")
         places["provider second received"] = _received(providers, "second")
         yield places
+
+
+def _dump(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        text = [repr(row) for table in tables for row in conn.execute(f"SELECT * FROM {table}")]
+    assert len(text) > 5, "telemetry rows were written"
+    return "\n".join(text)
 
 
 def _received(providers: ProviderThread, name: str) -> str:
@@ -79,7 +97,16 @@ def _exercise(up: UpProcess, providers: ProviderThread) -> dict[str, str]:
     url = f"{up.base_url}/v1/chat/completions"
     headers = {"authorization": f"Bearer {CALLER_TOKEN}", "x-canary": HEADER,
                "cookie": f"session={COOKIE}"}
-    chat = {"model": "canary-group", "messages": [{"role": "user", "content": PROMPT}]}
+    chat = {"model": "canary-group", "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": PROMPT},
+            {"type": "image_url", "image_url": {
+                "url": "data:image/png;base64," + base64.b64encode(IMAGE.encode()).decode()}},
+            {"type": "image_url", "image_url": {"url": f"https://example.com/{IMAGE}.png"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": TOOL_OUTPUT}]}
     bodies: dict[str, str] = {}
     with httpx.Client(timeout=10) as client:
         ok = client.post(url, headers=headers, json=chat)

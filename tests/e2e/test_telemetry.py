@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -23,7 +24,10 @@ TOKEN = "telemetry-caller-token"
 KEYS = {"good": "key-good", "flaky": "key-flaky"}
 CONFIG = """\
 providers:
-  good: {{base_url: '{good}', credential: {{env: KEY_GOOD}}}}
+  good:
+    base_url: '{good}'
+    credential: {{env: KEY_GOOD}}
+    dialects: [openai_chat, anthropic_messages]
   flaky: {{base_url: '{flaky}', credential: {{env: KEY_FLAKY}}}}
 callers: [{{name: team-a, token_sha256: {digest}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
@@ -38,6 +42,12 @@ models:
       - provider: good
         model_ref: good-model
         pricing: {{input_per_mtok: 1, output_per_mtok: 4}}
+  claude:
+    targets:
+      - provider: good
+        model_ref: good-claude
+        api: anthropic_messages
+        pricing: {{input_per_mtok: 2, output_per_mtok: 8}}
 """
 
 
@@ -112,3 +122,23 @@ def test_requests_refused_before_routing_make_no_row(stack) -> None:
         bad.chat.completions.create(model="chain", messages=[{"role": "user", "content": "x"}])
     time.sleep(0.5)  # the access log flushes every 50 ms; the writer every 250 ms
     assert len(rows(db, "request_rows", 0)) == before
+
+
+def test_anthropic_replies_json_and_streamed_report_their_input_tokens(stack) -> None:
+    """An Anthropic stream says its input tokens in `message_start`, its output tokens in
+    the last `message_delta`: both reach the row, as a JSON reply's `usage` does."""
+    up, db, _ = stack
+    before = len(rows(db, "request_rows", 0))
+    client = anthropic.Anthropic(base_url=up.base_url, api_key=TOKEN, max_retries=0)
+    messages = [{"role": "user", "content": "hello from claude"}]
+    unary = client.messages.create(model="claude", max_tokens=64, messages=messages)
+    with client.messages.stream(model="claude", max_tokens=64, messages=messages) as stream:
+        final = stream.get_final_message()
+    found = [r for r in rows(db, "request_rows", before + 2) if r["group_name"] == "claude"]
+    assert len(found) == 2
+    assert sorted((r["input_tokens"], r["output_tokens"]) for r in found) == sorted(
+        [(unary.usage.input_tokens, unary.usage.output_tokens),
+         (final.usage.input_tokens, final.usage.output_tokens)])
+    for r in found:
+        assert r["cost_usd"] == pytest.approx(
+            (r["input_tokens"] * 2 + r["output_tokens"] * 8) / 1e6)
