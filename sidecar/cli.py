@@ -114,6 +114,20 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--caller", help="caller name, for its spend ceiling")
     explain.add_argument("--format", choices=["table", "json"], default="table")
 
+    reports = command("report", "usage, decision and fallback reports from the telemetry "
+                                "database (docs/telemetry.md)")
+    reports.add_argument("kind", choices=["usage", "decisions", "fallbacks"])
+    source = reports.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="read telemetry.sqlite_path from it")
+    source.add_argument("--db", type=Path, help="the telemetry SQLite file")
+    reports.add_argument("--since", default="24h", help="period start, ago (default: 24h)")
+    reports.add_argument("--until", help="period end, ago (default: now)")
+    reports.add_argument("--group")
+    reports.add_argument("--caller")
+    reports.add_argument("--by", choices=["target", "caller", "group", "day"],
+                         default="target")
+    reports.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
     providers = command("demo-providers", "run only the demo providers")
     providers.add_argument("--listen", default="127.0.0.1:18080", type=host_port)
     providers.add_argument("--api-key-env", default="SIDECAR_DEMO_PROVIDER_KEY",
@@ -312,10 +326,25 @@ def _demo_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from sidecar.telemetry.report_cli import run_report
+
+    db = args.db
+    if db is None:
+        db = load_config_file(args.config).telemetry.sqlite_path
+        if db is None:
+            print(f"error: {args.config} sets no telemetry.sqlite_path", file=sys.stderr)
+            return 2
+    print(run_report(args.kind, db, args.since, args.until, args.group, args.caller, args.by,
+                     args.format))
+    return 0
+
+
 _COMMANDS = {
     "up": _up,
     "serve": _serve,
     "check-config": _check_config,
+    "report": _report,
     "render-envoy": _render_envoy,
     "explain": _explain,
     "observations": _observations,

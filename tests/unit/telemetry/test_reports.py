@@ -1,0 +1,115 @@
+"""Reports from a known synthetic event set against hand-computed figures (issue #15)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sidecar.telemetry.reports import Filters, parse_since, percentile, report
+from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
+from sidecar.telemetry.sqlite_store import SQLiteStore
+
+DAY1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def made(n: int, target: str, at: float, caller: str, latency: float, tokens: tuple[int, int],
+         cost: float | None, error: str = "ok", exclusions: str = ""):
+    row = request_row(None, RequestResult(f"r{n}", 200 if error == "ok" else 503, target, 1,
+                                          error, latency, 10.0, *tokens, 0), {}, "log_only", at)
+    return replace(row, caller=caller, group="g", cost_usd=cost, strategy="dynamic_score",
+                   complexity="simple" if n % 2 else "complex", exclusions=exclusions,
+                   signals="cost,complexity")
+
+
+@pytest.fixture
+def conn(tmp_path: Path):
+    store = SQLiteStore(tmp_path / "r.db")
+    store.write([
+        made(1, "p/a", DAY1 + 10, "alice", 100.0, (100, 10), 0.001),
+        made(2, "p/a", DAY1 + 20, "bob", 300.0, (200, 20), 0.002),
+        made(3, "p/b", DAY1 + 30, "alice", 200.0, (50, 5), None, "server_error",
+             exclusions="p/a:thresholds.max_error_rate"),
+        made(4, "p/a", DAY1 + 86_400 + 5, "alice", 400.0, (10, 1), 0.0005),
+    ], [FallbackRow("r3", DAY1 + 30, "g", "p/b", "p/a", 1, "server_error"),
+        FallbackRow("r5", DAY1 + 40, "g", "p/b", "p/a", 1, "server_error")])
+    yield store._db
+    store.close()
+
+
+ALL = Filters(since=DAY1, until=DAY1 + 2 * 86_400)
+
+
+def test_usage_by_target_matches_hand_computed_figures(conn) -> None:
+    a, b = report(conn, "usage", ALL, by="target")
+    assert a == {"target": "p/a", "requests": 3, "errors": 0, "input_tokens": 310,
+                 "output_tokens": 31, "cached_tokens": 0, "cost_usd": 0.0035,
+                 "latency_p50_ms": 300.0, "latency_p95_ms": 400.0, "latency_p99_ms": 400.0,
+                 "error_classes": {}}
+    assert (b["requests"], b["errors"], b["error_classes"], b["cost_usd"]) == (
+        1, 1, {"server_error": 1}, 0.0)
+
+
+def test_usage_by_day_caller_and_filters(conn) -> None:
+    days = report(conn, "usage", ALL, by="day")
+    assert [(d["day"], d["requests"]) for d in days] == [("2026-01-01", 3), ("2026-01-02", 1)]
+    alice = report(conn, "usage", replace(ALL, caller="alice"), by="caller")
+    assert [(c["caller"], c["requests"]) for c in alice] == [("alice", 3)]
+    assert report(conn, "usage", replace(ALL, group="other"), by="group") == []
+    first_day = report(conn, "usage", replace(ALL, until=DAY1 + 86_400), by="group")
+    assert first_day[0]["requests"] == 3
+
+
+def test_decisions_count_buckets_stages_and_signals(conn) -> None:
+    (entry,) = report(conn, "decisions", ALL, by="group")
+    assert entry["requests"] == 4
+    assert entry["complexity"] == {"complex": 2, "simple": 2}
+    assert entry["exclusion_stages"] == {"thresholds.max_error_rate": 1}
+    assert entry["signals"] == {"complexity": 4, "cost": 4}
+    assert entry["max_tokens_filtered"] == {"no": 4}
+
+
+def test_fallbacks_by_transition(conn) -> None:
+    assert report(conn, "fallbacks", ALL) == [{"group": "g", "from_target": "p/b",
+                                              "to_target": "p/a", "failure": "server_error",
+                                              "count": 2}]
+
+
+def test_since_and_percentiles() -> None:
+    assert parse_since("24h", 100_000.0) == 100_000.0 - 86_400
+    assert parse_since("30m", 0.0) == -1800
+    with pytest.raises(ValueError, match="24h"):
+        parse_since("yesterday", 0.0)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0 and percentile([], 0.5) is None
+
+
+def test_the_report_command_prints_table_json_and_csv(tmp_path: Path) -> None:
+    import csv
+    import io
+    import json
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "t.db"
+    store = SQLiteStore(db)
+    now = time.time()
+    store.write([made(1, "p/a", now - 60, "alice", 120.0, (100, 10), 0.001),
+                 made(2, "p/b", now - 30, "bob", 80.0, (50, 5), 0.0005)], [])
+    store.close()
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "sidecar", "report", *args, "--db",
+                               str(db)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    table = run("usage", "--since", "1h")
+    assert table.splitlines()[0].split()[:3] == ["target", "requests", "errors"]
+    assert "p/a" in table and "p/b" in table
+    document = json.loads(run("usage", "--by", "caller", "--format", "json"))
+    assert [r["caller"] for r in document["rows"]] == ["alice", "bob"]
+    rows = list(csv.DictReader(io.StringIO(run("decisions", "--format", "csv"))))
+    assert [r["requests"] for r in rows] == ["1", "1"]
+    assert "no usage in that period" in run("usage", "--since", "10s")
