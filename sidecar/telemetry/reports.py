@@ -75,13 +75,16 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def usage(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
+def _grouped(rows: Iterable[dict[str, Any]], by: str) -> list[tuple[str, list[dict]]]:
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[_key(row, by)].append(row)
+    return sorted(groups.items())
+
+
+def usage(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
     report = []
-    for key in sorted(groups):
-        members = groups[key]
+    for key, members in _grouped(rows, by):
         latencies = [r["latency_ms"] for r in members if r["latency_ms"] is not None]
         errors = Counter(r["error_class"] for r in members
                          if r["error_class"] not in (None, "ok"))
@@ -103,12 +106,8 @@ def usage(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
 
 def decisions(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
     """Per key: counts of each decision bucket, and of each exclusion stage."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        groups[_key(row, by)].append(row)
     report = []
-    for key in sorted(groups):
-        members = groups[key]
+    for key, members in _grouped(rows, by):
         entry: dict[str, Any] = {by: key, "requests": len(members)}
         for dimension in DECISION_DIMENSIONS:
             counts = Counter(_text(dimension, r[dimension]) for r in members)
