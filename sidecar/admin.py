@@ -27,6 +27,8 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from sidecar.telemetry.metrics import Metrics
 
 
 def observations_document(store: ObservationStore, window_seconds: int) -> dict[str, object]:
@@ -55,8 +57,10 @@ class StreamCounter(Protocol):
 class AdminServer:
     def __init__(self, store: ObservationStore, host: str, port: int,
                  streams: StreamCounter | None = None,
-                 grpc_counters: Callable[[], dict[str, int]] | None = None) -> None:
+                 grpc_counters: Callable[[], dict[str, int]] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics
         self._streams = streams
         self._grpc_counters = grpc_counters
         self._open = 0
@@ -116,8 +120,12 @@ class AdminServer:
 
     @staticmethod
     async def _answer(writer: asyncio.StreamWriter, status: str, body: object) -> None:
-        payload = json.dumps(body).encode()
-        writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        content_type = "application/json"
+        if isinstance(body, bytes):  # the Prometheus exposition
+            payload, content_type = body, METRICS_CONTENT_TYPE
+        else:
+            payload = json.dumps(body).encode()
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n"
                      f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
                      .encode() + payload)
         await writer.drain()
@@ -147,6 +155,8 @@ class AdminServer:
                               "asyncio_tasks": len(asyncio.all_tasks()),
                               "grpc": grpc,
                               "admin_connections_refused": self.connections_refused}
+        if url.path == "/metrics" and self._metrics is not None:
+            return "200 OK", self._metrics.exposition()
         if url.path == "/observations":
             window = self._store.retention_seconds
             values = parse_qs(url.query).get("window")
@@ -157,4 +167,4 @@ class AdminServer:
                     return "400 Bad Request", {"error": "window must be a positive integer"}
                 window = int(text)
             return "200 OK", observations_document(self._store, window)
-        return "404 Not Found", {"error": "try /observations, /status or /healthz"}
+        return "404 Not Found", {"error": "try /observations, /metrics, /status or /healthz"}

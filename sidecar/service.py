@@ -19,6 +19,8 @@ from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
 from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.metrics import Metrics
+from sidecar.telemetry.rows import FallbackRow, RequestRow
 from sidecar.telemetry.sqlite_store import SQLiteStore
 from sidecar.telemetry.writer import TelemetryWriter
 
@@ -28,10 +30,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Telemetry:
-    """The join and its writer, while telemetry is on (docs/telemetry.md)."""
+    """The join, its metrics and (when a store is set) its writer (docs/telemetry.md)."""
 
     joiner: Joiner
-    writer: TelemetryWriter
+    metrics: Metrics
+    writer: TelemetryWriter | None = None
     sweeper: asyncio.Task[None] | None = None
 
     async def sweep_forever(self, every_s: float = 5.0) -> None:
@@ -44,7 +47,17 @@ class Telemetry:
             self.sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sweeper
-        await asyncio.to_thread(self.writer.close)
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close)
+
+    def gauges(self) -> dict[str, float]:
+        figures = {"telemetry_pending_joins": float(len(self.joiner)),
+                   "telemetry_joins_evicted": float(self.joiner.evicted)}
+        if self.writer is not None:
+            figures["telemetry_queue_depth"] = float(self.writer.depth)
+            for reason, n in self.writer.dropped.items():
+                figures[f"telemetry_dropped_{reason}"] = float(n)
+        return figures
 
 
 @dataclass
@@ -61,19 +74,6 @@ class RunningSidecar:
             await self.telemetry.stop()
 
 
-def telemetry_for(config: SidecarConfig) -> Telemetry | None:
-    settings = config.telemetry
-    if settings.sqlite_path is None:
-        return None
-    writer = TelemetryWriter(SQLiteStore(settings.sqlite_path, settings.replica),
-                             queue_size=settings.queue_size).start()
-    prices = {f"{t.provider}/{t.model_ref}": t.pricing
-              for group in config.models.values() for t in group.targets if t.pricing}
-    joiner = Joiner(writer.offer, prices, max_pending=settings.max_pending,
-                    max_age_s=longest_request_s(config))
-    return Telemetry(joiner, writer)
-
-
 def observation_store(config: SidecarConfig) -> ObservationStore:
     settings = config.observations
     return ObservationStore(retention_seconds=config.observation_retention_seconds,
@@ -87,6 +87,26 @@ def longest_request_s(config: SidecarConfig) -> float:
     return max(deadlines) + 2 * config.observations.flush_interval_ms / 1000 + 1
 
 
+def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
+    """The join always (it feeds /metrics); the writer when a database is configured."""
+    settings = config.telemetry
+    writer = (TelemetryWriter(SQLiteStore(settings.sqlite_path, settings.replica),
+                              queue_size=settings.queue_size).start()
+              if settings.sqlite_path is not None else None)
+    metrics = Metrics(store)
+    prices = {f"{t.provider}/{t.model_ref}": t.pricing
+              for group in config.models.values() for t in group.targets if t.pricing}
+
+    def emit(row: RequestRow | FallbackRow) -> None:
+        metrics.record(row)
+        if writer is not None:
+            writer.offer(row)
+
+    joiner = Joiner(emit, prices, max_pending=settings.max_pending,
+                    max_age_s=longest_request_s(config))
+    return Telemetry(joiner, metrics, writer)
+
+
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
                         admin_address: str, log_decisions: bool = False,
                         channel_token: str | None = None,
@@ -97,7 +117,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py)."""
     store = observation_store(config)
     enabled = config.observations.enabled
-    telemetry = telemetry_for(config) if enabled else None
+    telemetry = telemetry_for(config, store) if enabled else None
     joiner = telemetry.joiner if telemetry is not None else None
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
                       telemetry=joiner)
@@ -114,7 +134,13 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
             await telemetry.stop()
         raise
     host, port = split_host_port(admin_address)
-    admin = AdminServer(store, host, port, processor, server.counters.as_dict)
+    metrics = telemetry.metrics if telemetry is not None else Metrics(store)
+    if telemetry is not None:
+        metrics.add_gauges(telemetry.gauges)
+    metrics.add_gauges(lambda: {f"grpc_{name}": float(value)
+                                for name, value in server.counters.as_dict().items()})
+    metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
+    admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics)
     try:
         await admin.start()
     except OSError as exc:

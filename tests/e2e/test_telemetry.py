@@ -76,6 +76,8 @@ def rows(db: Path, table: str, expected: int, timeout_s: float = 30.0) -> list[d
 
 def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> None:
     up, db, fakes = stack
+    seen = {r["request_id"] for r in rows(db, "request_rows", 0)}
+    seen_transitions = len(rows(db, "fallback_transitions", 0))
     client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
     fakes["flaky"].behaviour = Behaviour(status=503)  # every request falls back once
     messages = [{"role": "user", "content": "hello telemetry"}]
@@ -86,7 +88,7 @@ def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> Non
     direct = client.chat.completions.with_raw_response.create(
         model="chain", messages=messages, extra_headers={"x-request-id": "caller-chosen"})
 
-    found = rows(db, "request_rows", 3)
+    found = [r for r in rows(db, "request_rows", len(seen) + 3) if r["request_id"] not in seen]
     assert len(found) == 3
     assert {r["join_kind"] for r in found} == {"joined"}
     assert {r["caller"] for r in found} == {"team-a"} and {r["replica"] for r in found} == {"e2e"}
@@ -108,7 +110,7 @@ def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> Non
     assert json.loads(served["request_shape"])["dialect"] == "openai_chat"
     assert direct.http_response.status_code == 200
 
-    transitions = rows(db, "fallback_transitions", 2)
+    transitions = rows(db, "fallback_transitions", seen_transitions + 2)[seen_transitions:]
     assert sorted((t["from_target"], t["to_target"], t["failure"]) for t in transitions) == [
         ("flaky/flaky-model", "good/good-model", "server_error")] * 2
     assert {t["request_id"] for t in transitions} == {r["request_id"] for r in fallen_back}
@@ -142,3 +144,28 @@ def test_anthropic_replies_json_and_streamed_report_their_input_tokens(stack) ->
     for r in found:
         assert r["cost_usd"] == pytest.approx(
             (r["input_tokens"] * 2 + r["output_tokens"] * 8) / 1e6)
+
+
+def test_metrics_count_routed_requests_fallbacks_and_observations(stack) -> None:
+    """`/metrics` on the admin port, in Prometheus' text format, after the requests above."""
+    import httpx
+
+    up, db, fakes = stack
+    before = len(rows(db, "request_rows", 0))
+    fakes["flaky"].behaviour = Behaviour(status=503)
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "m"}])
+    fakes["flaky"].behaviour = Behaviour()
+    rows(db, "request_rows", before + 1)  # joined (so counted) by now
+    response = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/metrics", timeout=5)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = response.text
+    assert 'sidecar_decisions_total{group="chain",status_class="2xx",strategy="failover"' in text
+    assert ('sidecar_fallback_transitions_total{failure="server_error",'
+            'from_target="flaky/flaky-model",group="chain",to_target="good/good-model"}') in text
+    assert 'sidecar_target_observations{target="good/good-model"}' in text
+    for gauge in ("sidecar_telemetry_queue_depth", "sidecar_telemetry_dropped_queue_full",
+                  "sidecar_ext_proc_streams", "sidecar_grpc_"):
+        assert gauge in text
+    assert TOKEN not in text and "team-a" not in text  # no caller names or tokens as labels

@@ -1,0 +1,101 @@
+"""`/metrics`: Prometheus metrics of routing, observations and the sidecar itself
+(docs/telemetry.md §5), with `prometheus_client` on the sidecar's own registry.
+
+Counters move when a request's row is joined (off the request path); gauges are read at
+scrape time from the observation store, the telemetry writer, the join and the gRPC port.
+Labels are configuration names and fixed enums only (group, target, strategy, status
+class, stage, outcome): their number is bounded by the configuration. No caller names,
+tokens or request ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.rows import FallbackRow, RequestRow
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_FIGURES = (("p95_latency_ms", "p95 latency over the retention window, ms"),
+            ("p95_ttfb_ms", "p95 time to first byte, ms"),
+            ("output_tokens_per_s", "output tokens per second"),
+            ("error_rate", "share of observations that were errors"),
+            ("timeout_rate", "share of observations that timed out"))
+
+
+class Metrics:
+    def __init__(self, store: ObservationStore) -> None:
+        self._gauges: list[Callable[[], dict[str, float]]] = []
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._decisions = Counter(
+            "sidecar_decisions", "routed requests by group, strategy, selected target and "
+            "status class", ["group", "strategy", "target", "status_class"],
+            registry=self.registry)
+        self._fallbacks = Counter(
+            "sidecar_fallback_transitions", "pre-commit failures another target took over",
+            ["group", "from_target", "to_target", "failure"], registry=self.registry)
+        self._affinity = Counter(
+            "sidecar_affinity", "affinity outcomes of routed requests", ["group", "outcome"],
+            registry=self.registry)
+        self._exclusions = Counter(
+            "sidecar_threshold_exclusions", "targets a threshold or ejection kept out of a "
+            "decision", ["group", "target", "stage"], registry=self.registry)
+        self.registry.register(_ScrapeTime(store, self._gauges))
+
+    def add_gauges(self, read: Callable[[], dict[str, float]]) -> None:
+        """Figures read at scrape time, each exposed as `sidecar_<name>`."""
+        self._gauges.append(read)
+
+    def record(self, row: RequestRow | FallbackRow) -> None:
+        """Count one joined row (the join's emit, beside the writer)."""
+        if isinstance(row, FallbackRow):
+            self._fallbacks.labels(row.group, row.from_target, row.to_target,
+                                   row.failure).inc()
+            return
+        if not row.strategy:  # log-only: no decision to count
+            return
+        self._decisions.labels(row.group, row.strategy, row.selected_target or "none",
+                               row.status_class).inc()
+        self._affinity.labels(row.group, row.affinity).inc()
+        for pair in row.exclusions.split(",") if row.exclusions else ():
+            target, _, stage = pair.partition(":")
+            if stage.startswith("thresholds."):
+                self._exclusions.labels(row.group, target, stage).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ScrapeTime(Collector):
+    """Gauges read when Prometheus scrapes, never kept in step on the request path."""
+
+    def __init__(self, store: ObservationStore,
+                 gauges: list[Callable[[], dict[str, float]]]) -> None:
+        self._store = store
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[Any]:
+        window = self._store.retention_seconds
+        count = GaugeMetricFamily("sidecar_target_observations",
+                                  "observations in the retention window", labels=["target"])
+        families = {name: GaugeMetricFamily(f"sidecar_target_{name}", text, labels=["target"])
+                    for name, text in _FIGURES}
+        for target in self._store.targets():
+            figures = self._store.get(target, window)
+            count.add_metric([target], figures.count)
+            for name, _ in _FIGURES:
+                value = getattr(figures, name)
+                if value is not None:
+                    families[name].add_metric([target], value)
+        yield count
+        yield from families.values()
+        figures: dict[str, float] = {}
+        for read in self._gauges:
+            figures |= read()
+        for name, value in sorted(figures.items()):
+            yield GaugeMetricFamily(f"sidecar_{name}", name.replace("_", " "), value=value)

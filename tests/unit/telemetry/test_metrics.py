@@ -1,0 +1,40 @@
+"""`/metrics` content (docs/telemetry.md §5): counters from joined rows, gauges read at
+scrape time, labels from the configuration only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.metrics import Metrics
+from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
+
+
+def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:
+    store = ObservationStore(refresh_seconds=0)
+    store.record(Observation("p/a", Outcome.OK, latency_ms=250.0, ttfb_ms=50.0))
+    metrics = Metrics(store)
+    depth = {"telemetry_queue_depth": 3.0}
+    metrics.add_gauges(lambda: depth)
+    row = request_row(None, RequestResult("r1", 200, "p/a", 1, "ok"), {}, "joined", 0.0)
+    row = replace(row, group="g", strategy="dynamic_score", selected_target="p/a",
+                  affinity="hit", exclusions="p/b:thresholds.ejected,p/c:hard_filters.x")
+    metrics.record(row)
+    metrics.record(row)
+    metrics.record(replace(row, strategy=""))  # log-only: not a decision
+    metrics.record(FallbackRow("r1", 0.0, "g", "p/b", "p/a", 1, "server_error"))
+    depth["telemetry_queue_depth"] = 7.0
+    text = metrics.exposition().decode()
+    assert ('sidecar_decisions_total{group="g",status_class="2xx",strategy="dynamic_score",'
+            'target="p/a"} 2.0') in text
+    assert 'sidecar_affinity_total{group="g",outcome="hit"} 2.0' in text
+    assert ('sidecar_threshold_exclusions_total{group="g",stage="thresholds.ejected",'
+            'target="p/b"} 2.0') in text
+    assert "hard_filters.x" not in text  # only threshold and ejection stages
+    assert ('sidecar_fallback_transitions_total{failure="server_error",from_target="p/b",'
+            'group="g",to_target="p/a"} 1.0') in text
+    assert 'sidecar_target_observations{target="p/a"} 1.0' in text
+    assert 'sidecar_target_p95_latency_ms{target="p/a"}' in text
+    assert "sidecar_telemetry_queue_depth 7.0" in text
+    assert "r1" not in text  # no request ids
