@@ -232,7 +232,8 @@ class DynamicScore:
         return kept
 
 
-def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend) -> list[CandidateTrace]:
+def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend,
+                    only: str | None = None) -> list[CandidateTrace]:
     return [
         CandidateTrace(c.label, round(share, 6), candidate.warm, candidate.observations.count,
                        {k: round(v, 6) for k, v in s.items()},
@@ -240,6 +241,7 @@ def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend) -> list[Cand
         for c, candidate, share, s, value, f in zip(
             eligible, blend.candidates, blend.shares, blend.scores, blend.values, blend.final,
             strict=True)
+        if only is None or c.label == only
     ]
 
 

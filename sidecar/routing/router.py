@@ -98,10 +98,10 @@ class Router:
         trace.order = "weighted_rotation"
         weights = [c.target.weight for c in eligible]
         total = sum(weights) or 1
-        trace.defer_candidates(lambda: [
+        trace.defer_candidates(lambda only: [
             CandidateTrace(c.label, round(c.target.weight / total, 6),
                            final_share=round(c.target.weight / total, 6))
-            for c in eligible])
+            for c in eligible if only is None or c.label == only])
         indices = tuple(c.index for c in eligible)
         primary_index = self._rotation(name, indices).pick(indices, weights)
         primary = next(c for c in eligible if c.index == primary_index)

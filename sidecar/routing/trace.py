@@ -31,6 +31,10 @@ class CandidateTrace:
     final_share: float = 0.0
 
 
+# Builds the candidate rows: all of them (None) or one target's.
+RowBuilder = Callable[[str | None], list[CandidateTrace]]
+
+
 @dataclass
 class DecisionTrace:
     strategy: str
@@ -56,17 +60,26 @@ class DecisionTrace:
     # The rows of `candidates`, or the function that builds them on first read: rounding
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.
-    _candidates: list[CandidateTrace] | Callable[[], list[CandidateTrace]] = field(
-        default_factory=list, init=False)
+    _candidates: list[CandidateTrace] | RowBuilder = field(default_factory=list, init=False)
 
     @property
     def candidates(self) -> list[CandidateTrace]:
         if callable(self._candidates):
-            self._candidates = self._candidates()
+            self._candidates = self._candidates(None)
         return self._candidates
 
-    def defer_candidates(self, build: Callable[[], list[CandidateTrace]]) -> None:
-        """`candidates` will be `build()`, called on first read (if any)."""
+    def candidate(self, target: str) -> CandidateTrace | None:
+        """One candidate's row, without building the others' (a telemetry row needs only
+        the selected target's)."""
+        if callable(self._candidates):
+            rows = self._candidates(target)
+        else:
+            rows = [c for c in self._candidates if c.target == target]
+        return rows[0] if rows else None
+
+    def defer_candidates(self, build: RowBuilder) -> None:
+        """`candidates` will be `build(None)`, called on first read (if any); `build(label)`
+        gives that target's row alone."""
         self._candidates = build
 
     def exclude(self, target: str, stage: str) -> None:
