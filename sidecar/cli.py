@@ -22,6 +22,7 @@ from sidecar.envoy_config.addresses import (
 )
 from sidecar.gateway import StartupError
 from sidecar.grpcwire.auth import ChannelTokenError, ensure_channel_token, read_channel_token
+from sidecar.log_format import configure as configure_logging
 from sidecar.process import run_event_loop
 from sidecar.signals import until_stop_signal
 
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                         help="sidecar log level (default: info)")
+    common.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="sidecar log lines as text (default) or one JSON object each")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -166,8 +169,7 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as exc:

@@ -59,7 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess,
              FakeProvider("flaky", api_key=KEYS["flaky"])]
     with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
             good=providers.base_url("good"), flaky=providers.base_url("flaky"), db=db,
-            digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS) as (up, providers):
+            digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS,
+            "--log-format", "json", "--log-decisions") as (up, providers):
         yield up, db, {"flaky": providers.provider("flaky"), "good": providers.provider("good")}
 
 
@@ -169,3 +170,17 @@ def test_metrics_count_routed_requests_fallbacks_and_observations(stack) -> None
                   "sidecar_ext_proc_streams", "sidecar_grpc_"):
         assert gauge in text
     assert TOKEN not in text and "team-a" not in text  # no caller names or tokens as labels
+
+
+def test_with_log_format_json_every_sidecar_line_is_a_json_object(stack) -> None:
+    up, _, _ = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "j"}])
+    assert up.log_path is not None
+    lines = up.log_path.read_text().splitlines()
+    ours = [json.loads(line) for line in lines if line.startswith("{")]
+    # Envoy's own lines (its format, "[date] ...") share the stream; every other line is ours.
+    assert all(line.startswith(("{", "[")) for line in lines if line.strip())
+    decisions = [o for o in ours if o["logger"] == "sidecar.decision"]
+    assert decisions and decisions[-1]["event"]["event"] == "decision"
+    assert all({"ts", "level", "logger"} <= set(o) for o in ours)
