@@ -184,3 +184,57 @@ def test_with_log_format_json_every_sidecar_line_is_a_json_object(stack) -> None
     decisions = [o for o in ours if o["logger"] == "sidecar.decision"]
     assert decisions and decisions[-1]["event"]["event"] == "decision"
     assert all({"ts", "level", "logger"} <= set(o) for o in ours)
+
+
+def test_under_concurrent_load_every_request_yields_exactly_one_row(stack) -> None:
+    """Fallbacks, streams and cancelled streams at once: N requests, N joined rows, one
+    fallback row per failed attempt, each row on the target that really served it."""
+    import asyncio
+
+    import httpx
+
+    up, db, fakes = stack
+    seen = {r["request_id"] for r in rows(db, "request_rows", 0)}
+    transitions_before = len(rows(db, "fallback_transitions", 0))
+    url = up.base_url + "/v1/chat/completions"
+    headers = {"authorization": f"Bearer {TOKEN}"}
+
+    def body(n: int, stream: bool = False) -> dict:
+        return {"model": "chain", "stream": stream,
+                "messages": [{"role": "user", "content": f"load {n}"}]}
+
+    async def unary(client: httpx.AsyncClient, n: int) -> str:
+        response = await client.post(url, json=body(n), headers=headers)
+        assert response.status_code == 200
+        return response.json()["model"]
+
+    async def streamed(client: httpx.AsyncClient, n: int, cancel: bool = False) -> None:
+        async with client.stream("POST", url, json=body(n, True), headers=headers) as response:
+            assert response.status_code == 200
+            async for _ in response.aiter_bytes():
+                if cancel:
+                    return  # the caller goes away after the first bytes
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            fakes["flaky"].behaviour = Behaviour(status=503)
+            served = await asyncio.gather(*(unary(client, n) for n in range(15)))
+            assert set(served) == {"good-model"}
+            fakes["flaky"].behaviour = Behaviour()
+            await asyncio.gather(*(unary(client, n) for n in range(15, 30)),
+                                 *(streamed(client, n) for n in range(30, 45)))
+            fakes["flaky"].behaviour = Behaviour(inter_event_delay_s=0.2)
+            await asyncio.gather(*(streamed(client, n, cancel=True) for n in range(45, 55)))
+            fakes["flaky"].behaviour = Behaviour()
+
+    asyncio.run(run())
+    found = [r for r in rows(db, "request_rows", len(seen) + 55) if r["request_id"] not in seen]
+    assert len(found) == 55 and len({r["request_id"] for r in found}) == 55
+    assert {r["join_kind"] for r in found} == {"joined"}
+    by_target = {t: sum(r["serving_target"] == t for r in found)
+                 for t in ("good/good-model", "flaky/flaky-model")}
+    assert by_target == {"good/good-model": 15, "flaky/flaky-model": 40}
+    cancelled = [r for r in found if r["error_class"] == "client_cancel"]
+    assert len(cancelled) == 10
+    transitions = rows(db, "fallback_transitions", transitions_before + 15)
+    assert len(transitions) == transitions_before + 15
