@@ -75,6 +75,18 @@ def rows(db: Path, table: str, expected: int, timeout_s: float = 30.0) -> list[d
         time.sleep(0.05)
 
 
+def since(db: Path, table: str, column: str, start: float, expected: int,
+          timeout_s: float = 30.0) -> list[dict]:
+    """The rows whose `column` time is at or after `start`, once `expected` are there (rows
+    of earlier tests may still be arriving)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [r for r in rows(db, table, 0) if r[column] >= start]
+        if len(found) >= expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> None:
     up, db, fakes = stack
     seen = {r["request_id"] for r in rows(db, "request_rows", 0)}
@@ -195,7 +207,6 @@ def test_under_concurrent_load_every_request_yields_exactly_one_row(stack) -> No
 
     up, db, fakes = stack
     seen = {r["request_id"] for r in rows(db, "request_rows", 0)}
-    transitions_before = len(rows(db, "fallback_transitions", 0))
     url = up.base_url + "/v1/chat/completions"
     headers = {"authorization": f"Bearer {TOKEN}"}
 
@@ -227,8 +238,11 @@ def test_under_concurrent_load_every_request_yields_exactly_one_row(stack) -> No
             await asyncio.gather(*(streamed(client, n, cancel=True) for n in range(45, 55)))
             fakes["flaky"].behaviour = Behaviour()
 
+    started = time.time()
     asyncio.run(run())
-    found = [r for r in rows(db, "request_rows", len(seen) + 55) if r["request_id"] not in seen]
+    # Rows of earlier tests may still be arriving: count only requests decided from now on.
+    found = [r for r in since(db, "request_rows", "started_at", started, 55)
+             if r["request_id"] not in seen]
     assert len(found) == 55 and len({r["request_id"] for r in found}) == 55
     assert {r["join_kind"] for r in found} == {"joined"}
     by_target = {t: sum(r["serving_target"] == t for r in found)
@@ -236,5 +250,5 @@ def test_under_concurrent_load_every_request_yields_exactly_one_row(stack) -> No
     assert by_target == {"good/good-model": 15, "flaky/flaky-model": 40}
     cancelled = [r for r in found if r["error_class"] == "client_cancel"]
     assert len(cancelled) == 10
-    transitions = rows(db, "fallback_transitions", transitions_before + 15)
-    assert len(transitions) == transitions_before + 15
+    transitions = since(db, "fallback_transitions", "at", started, 15)
+    assert len(transitions) == 15
