@@ -142,6 +142,13 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     metrics.add_gauges(lambda: {f"grpc_{name}": float(value)
                                 for name, value in server.counters.as_dict().items()})
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
+    router = runtime.router
+    metrics.add_group_gauge("affinity_pins", "conversation pins held", lambda: {
+        group: float(len(pins)) for group in config.models
+        if (pins := router.affinity_store(group)) is not None})
+    metrics.add_group_gauge("ejected_targets", "targets ejected or probing", lambda: {
+        group: float(state.ejected_count()) for group in config.models
+        if (state := router.ejections(group)) is not None})
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics)
     try:
         await admin.start()

@@ -31,6 +31,7 @@ _FIGURES = (("p95_latency_ms", "p95 latency over the retention window, ms"),
 class Metrics:
     def __init__(self, store: ObservationStore) -> None:
         self._gauges: list[Callable[[], dict[str, float]]] = []
+        self._by_group: list[tuple[str, str, Callable[[], dict[str, float]]]] = []
         self.registry = CollectorRegistry(auto_describe=True)
         self._decisions = Counter(
             "sidecar_decisions", "routed requests by group, strategy, selected target and "
@@ -45,11 +46,16 @@ class Metrics:
         self._exclusions = Counter(
             "sidecar_threshold_exclusions", "targets a threshold or ejection kept out of a "
             "decision", ["group", "target", "stage"], registry=self.registry)
-        self.registry.register(_ScrapeTime(store, self._gauges))
+        self.registry.register(_ScrapeTime(store, self._gauges, self._by_group))
 
     def add_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """Figures read at scrape time, each exposed as `sidecar_<name>`."""
         self._gauges.append(read)
+
+    def add_group_gauge(self, name: str, text: str,
+                        read: Callable[[], dict[str, float]]) -> None:
+        """A figure per model group, read at scrape time: `sidecar_<name>{group=…}`."""
+        self._by_group.append((name, text, read))
 
     def record(self, row: RequestRow | FallbackRow) -> None:
         """Count one joined row (the join's emit, beside the writer)."""
@@ -75,9 +81,11 @@ class _ScrapeTime(Collector):
     """Gauges read when Prometheus scrapes, never kept in step on the request path."""
 
     def __init__(self, store: ObservationStore,
-                 gauges: list[Callable[[], dict[str, float]]]) -> None:
+                 gauges: list[Callable[[], dict[str, float]]],
+                 by_group: list[tuple[str, str, Callable[[], dict[str, float]]]]) -> None:
         self._store = store
         self._gauges = gauges
+        self._by_group = by_group
 
     def collect(self) -> Iterator[Any]:
         window = self._store.retention_seconds
@@ -99,3 +107,8 @@ class _ScrapeTime(Collector):
             figures |= read()
         for name, value in sorted(figures.items()):
             yield GaugeMetricFamily(f"sidecar_{name}", name.replace("_", " "), value=value)
+        for name, text, read in self._by_group:
+            family = GaugeMetricFamily(f"sidecar_{name}", text, labels=["group"])
+            for group, value in sorted(read().items()):
+                family.add_metric([group], value)
+            yield family

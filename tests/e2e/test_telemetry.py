@@ -179,7 +179,8 @@ def test_metrics_count_routed_requests_fallbacks_and_observations(stack) -> None
             'from_target="flaky/flaky-model",group="chain",to_target="good/good-model"}') in text
     assert 'sidecar_target_observations{target="good/good-model"}' in text
     for gauge in ("sidecar_telemetry_queue_depth", "sidecar_telemetry_dropped_queue_full",
-                  "sidecar_ext_proc_streams", "sidecar_grpc_"):
+                  "sidecar_ext_proc_streams", "sidecar_grpc_", "# TYPE sidecar_affinity_pins",
+                  "# TYPE sidecar_ejected_targets"):
         assert gauge in text
     assert TOKEN not in text and "team-a" not in text  # no caller names or tokens as labels
 

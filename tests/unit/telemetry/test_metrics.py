@@ -17,6 +17,7 @@ def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:
     metrics = Metrics(store)
     depth = {"telemetry_queue_depth": 3.0}
     metrics.add_gauges(lambda: depth)
+    metrics.add_group_gauge("affinity_pins", "pins", lambda: {"g": 4.0})
     row = request_row(None, RequestResult("r1", 200, "p/a", 1, "ok"), {}, "joined", 0.0)
     row = replace(row, group="g", strategy="dynamic_score", selected_target="p/a",
                   affinity="hit", exclusions="p/b:thresholds.ejected,p/c:hard_filters.x")
@@ -37,4 +38,5 @@ def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:
     assert 'sidecar_target_observations{target="p/a"} 1.0' in text
     assert 'sidecar_target_p95_latency_ms{target="p/a"}' in text
     assert "sidecar_telemetry_queue_depth 7.0" in text
+    assert 'sidecar_affinity_pins{group="g"} 4.0' in text
     assert "r1" not in text  # no request ids
