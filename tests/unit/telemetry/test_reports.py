@@ -113,3 +113,11 @@ def test_the_report_command_prints_table_json_and_csv(tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(run("decisions", "--format", "csv"))))
     assert [r["requests"] for r in rows] == ["1", "1"]
     assert "no usage in that period" in run("usage", "--since", "10s")
+
+
+def test_docs_operations_names_every_column_of_every_table() -> None:
+    from sidecar.telemetry.schema import FALLBACK_COLUMNS, REQUEST_COLUMNS
+
+    text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
+    missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS} if f"`{c}`" not in text]
+    assert missing == []
