@@ -18,6 +18,7 @@ from sidecar.gateway.handler import scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
 from sidecar.routing.router import Router
+from sidecar.text_table import format_table
 
 
 class ExplainError(Exception):
@@ -111,8 +112,5 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
                          *(f"{c.scores[n + '_score']:.3f}" if c.scores else "-" for n in names),
                          "-" if c.term_value is None else f"{c.term_value:.3f}",
                          f"{c.weight_share:.3f}", f"{c.final_share:.3f}"])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines.append("")
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                  for row in rows]
+        lines += ["", format_table(rows)]
     return "\n".join(lines)

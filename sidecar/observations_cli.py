@@ -6,6 +6,8 @@ import json
 import urllib.request
 from typing import Any
 
+from sidecar.text_table import format_table
+
 _COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "p95_ms_per_output_token",
             "output_tokens_per_s", "error_rate", "timeout_rate", "fallback_rate")
 
@@ -34,7 +36,4 @@ def render_table(document: dict[str, Any]) -> str:
         outcomes = figures.get("outcomes", {})
         cells.append(" ".join(f"{k}={v}" for k, v in sorted(outcomes.items())) or "-")
         rows.append(cells)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]
-    return "\n".join(lines)
+    return "\n".join([*lines, format_table(rows)])

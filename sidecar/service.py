@@ -34,7 +34,7 @@ class Telemetry:
 
     joiner: Joiner
     metrics: Metrics
-    writer: TelemetryWriter | None = None
+    writer: TelemetryWriter
     sweeper: asyncio.Task[None] | None = None
 
     async def sweep_forever(self, every_s: float = 5.0) -> None:
@@ -47,17 +47,14 @@ class Telemetry:
             self.sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sweeper
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.writer.close)
 
     def gauges(self) -> dict[str, float]:
-        figures = {"telemetry_pending_joins": float(len(self.joiner)),
-                   "telemetry_joins_evicted": float(self.joiner.evicted)}
-        if self.writer is not None:
-            figures["telemetry_queue_depth"] = float(self.writer.depth)
-            for reason, n in self.writer.dropped.items():
-                figures[f"telemetry_dropped_{reason}"] = float(n)
-        return figures
+        return {"telemetry_pending_joins": float(len(self.joiner)),
+                "telemetry_joins_evicted": float(self.joiner.evicted),
+                "telemetry_queue_depth": float(self.writer.depth),
+                **{f"telemetry_dropped_{reason}": float(n)
+                   for reason, n in self.writer.dropped.items()}}
 
 
 @dataclass
@@ -99,8 +96,7 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
 
     def emit(row: RequestRow | FallbackRow) -> None:
         metrics.record(row)
-        if writer is not None:
-            writer.offer(row)
+        writer.offer(row)
 
     joiner = Joiner(emit, prices, max_pending=settings.max_pending,
                     max_age_s=longest_request_s(config))

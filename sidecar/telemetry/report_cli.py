@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.telemetry.reports import Filters, parse_since, report
+from sidecar.text_table import format_table
 
 
 def run_report(kind: str, db: Path, since: str, until: str | None, group: str | None,
@@ -54,7 +55,4 @@ def _cell(value: Any) -> str:
 
 def _table(rows: list[dict[str, str]]) -> str:
     header = list(rows[0])
-    cells = [header, *([row[h] for h in header] for row in rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-                     for line in cells)
+    return format_table([header, *([row[h] for h in header] for row in rows)])

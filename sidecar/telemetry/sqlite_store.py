@@ -7,8 +7,9 @@ Each batch is one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sidecar.telemetry.rows import FallbackRow, RequestRow
@@ -46,18 +47,13 @@ class SQLiteStore:
             self.open()
         db = self._db
         assert db is not None
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             if requests:
                 db.executemany(insert_sql("request_rows", REQUEST_COLUMNS, "?"),
                                [request_values(self._replica, r) for r in requests])
             if fallbacks:
                 db.executemany(insert_sql("fallback_transitions", FALLBACK_COLUMNS, "?"),
                                [fallback_values(self._replica, r) for r in fallbacks])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
 
 def migrate(db: sqlite3.Connection) -> int:
@@ -67,13 +63,20 @@ def migrate(db: sqlite3.Connection) -> int:
     for version, statements in MIGRATIONS:
         if version in done:
             continue
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             for statement in statements:
                 db.execute(statement)
             db.execute("INSERT INTO schema_migrations (version) VALUES (?)", (version,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
     return max(done | {v for v, _ in MIGRATIONS})
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One explicit transaction (the connection is in autocommit mode)."""
+    db.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
