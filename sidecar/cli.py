@@ -14,6 +14,8 @@ from pathlib import Path
 from sidecar import __version__
 from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
+from sidecar.config.models import Telemetry
+from sidecar.config.secrets import SecretError
 from sidecar.envoy_config.addresses import (
     DEFAULT_ADMIN_HTTP,
     DEFAULT_SECRETS_DIR,
@@ -121,8 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                                 "database (docs/telemetry.md)")
     reports.add_argument("kind", choices=["usage", "decisions", "fallbacks"])
     source = reports.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", type=Path, help="read telemetry.sqlite_path from it")
-    source.add_argument("--db", type=Path, help="the telemetry SQLite file")
+    source.add_argument("--config", type=Path,
+                        help="the telemetry database its telemetry section names")
+    source.add_argument("--db", type=Path, help="a telemetry SQLite file")
     reports.add_argument("--since", default="24h", help="period start, ago (default: 24h)")
     reports.add_argument("--until", help="period end, ago (default: now)")
     reports.add_argument("--group")
@@ -130,6 +133,16 @@ def _parser() -> argparse.ArgumentParser:
     reports.add_argument("--by", choices=["target", "caller", "group", "day"],
                          default="target")
     reports.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
+    rollup = command("rollup", "roll up finished days and expire raw telemetry rows past "
+                               "raw_retention_days (docs/telemetry.md; the sidecar also does "
+                               "this on a schedule)")
+    rollup_source = rollup.add_mutually_exclusive_group(required=True)
+    rollup_source.add_argument("--config", type=Path,
+                               help="the telemetry database its telemetry section names")
+    rollup_source.add_argument("--db", type=Path, help="a telemetry SQLite file")
+    rollup.add_argument("--raw-retention-days", type=int,
+                        help="override telemetry.raw_retention_days (default: 30)")
 
     providers = command("demo-providers", "run only the demo providers")
     providers.add_argument("--listen", default="127.0.0.1:18080", type=host_port)
@@ -177,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except StartupError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except SecretError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -328,17 +344,40 @@ def _demo_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from sidecar.telemetry.report_cli import run_report
+def _telemetry_settings(args: argparse.Namespace) -> Telemetry | None:
+    if args.db is not None:
+        if not args.db.exists():
+            print(f"error: no telemetry database at {args.db}", file=sys.stderr)
+            return None
+        return Telemetry(sqlite_path=args.db)
+    settings = load_config_file(args.config).telemetry
+    if not settings.enabled:
+        print(f"error: {args.config} sets no telemetry.sqlite_path or telemetry.postgres_dsn",
+              file=sys.stderr)
+        return None
+    return settings
 
-    db = args.db
-    if db is None:
-        db = load_config_file(args.config).telemetry.sqlite_path
-        if db is None:
-            print(f"error: {args.config} sets no telemetry.sqlite_path", file=sys.stderr)
-            return 2
-    print(run_report(args.kind, db, args.since, args.until, args.group, args.caller, args.by,
-                     args.format))
+
+def _report(args: argparse.Namespace) -> int:
+    from sidecar.telemetry.cli import run_report
+
+    settings = _telemetry_settings(args)
+    if settings is None:
+        return 2
+    print(run_report(args.kind, settings, args.since, args.until, args.group, args.caller,
+                     args.by, args.format))
+    return 0
+
+
+def _rollup(args: argparse.Namespace) -> int:
+    from sidecar.telemetry.cli import run_rollup
+
+    settings = _telemetry_settings(args)
+    if settings is None:
+        return 2
+    if args.raw_retention_days is not None:
+        settings = settings.model_copy(update={"raw_retention_days": args.raw_retention_days})
+    print(run_rollup(settings))
     return 0
 
 
@@ -347,6 +386,7 @@ _COMMANDS = {
     "serve": _serve,
     "check-config": _check_config,
     "report": _report,
+    "rollup": _rollup,
     "render-envoy": _render_envoy,
     "explain": _explain,
     "observations": _observations,

@@ -18,10 +18,11 @@ from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.database import open_database
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.metrics import Metrics
 from sidecar.telemetry.rows import FallbackRow, RequestRow
-from sidecar.telemetry.sqlite_store import SQLiteStore
+from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.writer import TelemetryWriter
 
 if TYPE_CHECKING:
@@ -87,9 +88,10 @@ def longest_request_s(config: SidecarConfig) -> float:
 def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     """The join, feeding the writer and the /metrics counters."""
     settings = config.telemetry
-    assert settings.sqlite_path is not None
-    writer = TelemetryWriter(SQLiteStore(settings.sqlite_path, settings.replica),
-                             queue_size=settings.queue_size).start()
+    rows = TelemetryStore(open_database(settings), settings.replica,
+                          settings.raw_retention_days)
+    writer = TelemetryWriter(rows, queue_size=settings.queue_size,
+                             maintenance_interval_s=settings.rollup_interval_minutes * 60).start()
     metrics = Metrics(store)
     prices = {f"{t.provider}/{t.model_ref}": t.pricing
               for group in config.models.values() for t in group.targets if t.pricing}
@@ -115,7 +117,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     enabled = config.observations.enabled
     # The join costs ~20 µs of sidecar CPU per request (docs/telemetry.md): only when on.
     telemetry = (telemetry_for(config, store)
-                 if enabled and config.telemetry.sqlite_path is not None else None)
+                 if enabled and config.telemetry.enabled else None)
     joiner = telemetry.joiner if telemetry is not None else None
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
                       telemetry=joiner)

@@ -56,23 +56,28 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return parts.scheme, parts.hostname, parts.port
 
 
-class Credential(StrictModel):
+class SecretSource(StrictModel):
+    """A secret read from an environment variable or a file, never written in the config."""
+
+    env: EnvName | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of 'env' or 'file'")
+        return self
+
+
+class Credential(SecretSource):
     """Where the provider key comes from and which header carries it upstream.
 
     Exactly one of `env` or `file`. The header defaults by dialect: `authorization` with a
     `Bearer ` prefix for OpenAI dialects, `x-api-key` with no prefix for Anthropic.
     """
 
-    env: EnvName | None = None
-    file: Path | None = None
     header: HeaderName | None = None
     prefix: str | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Credential:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("set exactly one of 'env' or 'file'")
-        return self
 
 
 class Provider(StrictModel):
@@ -250,12 +255,28 @@ class Observations(StrictModel):
 
 
 class Telemetry(StrictModel):
-    """Joined request rows and fallback rows (docs/telemetry.md). Off until a store is set."""
+    """Joined request rows and fallback rows (docs/telemetry.md). Off until a store is set:
+    `sqlite_path` for one sidecar, `postgres_dsn` (a secret: it may hold a password) for
+    several replicas writing one database."""
 
     sqlite_path: Path | None = None
+    postgres_dsn: SecretSource | None = None
     queue_size: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
     max_pending: Annotated[PositiveInt, bounded(1, 10_000_000)] = 65_536
     replica: str = ""
+    # Raw rows older than this are deleted once their day is rolled up; rollups stay.
+    raw_retention_days: Annotated[PositiveInt, bounded(1, 36_500)] = 30
+    rollup_interval_minutes: Annotated[PositiveInt, bounded(1, 1_440)] = 60
+
+    @model_validator(mode="after")
+    def _one_store(self) -> Telemetry:
+        if self.sqlite_path is not None and self.postgres_dsn is not None:
+            raise ValueError("set one of 'sqlite_path' or 'postgres_dsn', not both")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.sqlite_path is not None or self.postgres_dsn is not None
 
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")

@@ -1,27 +1,40 @@
-"""Reports over the telemetry rows: usage, decisions and fallbacks (docs/telemetry.md §4).
+"""Reports over telemetry: usage, decisions and fallbacks (docs/telemetry.md §4).
 
-Read-only queries on a DB-API connection, grouped in Python so one code path serves SQLite
-and PostgreSQL alike (parameters are bound, never formatted in). Percentiles are exact over
-raw rows. Every value is a configuration name, bucket name or number, like the rows.
+Read-only queries on the telemetry database, aggregated in Python so one code path serves
+SQLite and PostgreSQL (parameters are bound, never formatted in). A period reads the raw
+rows it holds plus the daily rollups of days whose raw rows have expired, so reports over
+old periods need no special flag; those days count whole (a rollup has no hours), and their
+latency percentiles come from the rollup histogram (aggregate.py). Every value is a
+configuration name, bucket name or number, like the rows.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
+
+from sidecar.telemetry.aggregate import (
+    DAY_S,
+    Aggregate,
+    day_of,
+    day_start,
+    decisions_entry,
+    histogram_from_json,
+    percentile,
+    usage_entry,
+)
+from sidecar.telemetry.database import Database, sql
+
+__all__ = ["BY", "KINDS", "Filters", "parse_since", "percentile", "report"]
 
 KINDS = ("usage", "decisions", "fallbacks")
 BY = {"target": "serving_target", "caller": "caller", "group": "group_name", "day": "day"}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# The decision buckets a decisions report counts, by column.
-DECISION_DIMENSIONS = ("strategy", "cold_start", "complexity", "affinity", "probe",
-                       "final_share_bucket", "term_value_bucket", "max_tokens_filtered",
-                       "max_tokens_bucket", "input_size_bucket", "admission", "join_kind")
+_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -40,108 +53,111 @@ def parse_since(text: str, now: float) -> float:
     return now - int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def _rows(conn: Any, table: str, time_column: str, filters: Filters, placeholder: str,
-          columns: str = "*") -> list[dict[str, Any]]:
-    where = [f"{time_column} >= {placeholder}", f"{time_column} < {placeholder}"]
-    params: list[object] = [filters.since, filters.until]
-    if filters.group is not None:
-        where.append(f"group_name = {placeholder}")
-        params.append(filters.group)
-    if filters.caller is not None and table == "request_rows":
-        where.append(f"caller = {placeholder}")
-        params.append(filters.caller)
-    cursor = conn.execute(f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)}",
-                          params)
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def _day(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d")
-
-
-def _key(row: dict[str, Any], by: str) -> str:
-    if by == "day":
-        return _day(row["started_at"] if "started_at" in row else row["at"])
-    value = row.get(BY[by])
-    return "" if value is None else str(value)
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    """Nearest rank, as the observation windows report it."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
-def _grouped(rows: Iterable[dict[str, Any]], by: str) -> list[tuple[str, list[dict]]]:
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        groups[_key(row, by)].append(row)
-    return sorted(groups.items())
-
-
-def usage(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
-    report = []
-    for key, members in _grouped(rows, by):
-        latencies = [r["latency_ms"] for r in members if r["latency_ms"] is not None]
-        errors = Counter(r["error_class"] for r in members
-                         if r["error_class"] not in (None, "ok"))
-        report.append({
-            by: key,
-            "requests": len(members),
-            "errors": sum(errors.values()),
-            "input_tokens": sum(r["input_tokens"] or 0 for r in members),
-            "output_tokens": sum(r["output_tokens"] or 0 for r in members),
-            "cached_tokens": sum(r["cached_tokens"] or 0 for r in members),
-            "cost_usd": round(sum(r["cost_usd"] or 0.0 for r in members), 6),
-            "latency_p50_ms": percentile(latencies, 0.50),
-            "latency_p95_ms": percentile(latencies, 0.95),
-            "latency_p99_ms": percentile(latencies, 0.99),
-            "error_classes": dict(sorted(errors.items())),
-        })
-    return report
-
-
-def decisions(rows: Iterable[dict[str, Any]], by: str) -> list[dict[str, Any]]:
-    """Per key: counts of each decision bucket, and of each exclusion stage."""
-    report = []
-    for key, members in _grouped(rows, by):
-        entry: dict[str, Any] = {by: key, "requests": len(members)}
-        for dimension in DECISION_DIMENSIONS:
-            counts = Counter(_text(dimension, r[dimension]) for r in members)
-            entry[dimension] = dict(sorted(counts.items()))
-        stages = Counter(pair.split(":", 1)[1] for r in members
-                         for pair in (r["exclusions"] or "").split(",") if ":" in pair)
-        entry["exclusion_stages"] = dict(sorted(stages.items()))
-        signals = Counter(name for r in members for name in (r["signals"] or "").split(",")
-                          if name)
-        entry["signals"] = dict(sorted(signals.items()))
-        report.append(entry)
-    return report
-
-
-def fallbacks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    counts = Counter((r["group_name"], r["from_target"], r["to_target"], r["failure"])
-                     for r in rows)
-    return [{"group": g, "from_target": f, "to_target": t, "failure": failure, "count": n}
-            for (g, f, t, failure), n in sorted(counts.items())]
-
-
-def report(conn: Any, kind: str, filters: Filters, by: str = "target",
-           placeholder: str = "?") -> list[dict[str, Any]]:
+def report(db: Database, kind: str, filters: Filters, by: str = "target") -> list[dict[str, Any]]:
     if kind not in KINDS:
         raise ValueError(f"unknown report {kind!r} (one of: {', '.join(KINDS)})")
     if by not in BY:
         raise ValueError(f"--by {by!r}: one of {', '.join(BY)}")
-    if kind == "fallbacks":
-        return fallbacks(_rows(conn, "fallback_transitions", "at", filters, placeholder))
-    rows = _rows(conn, "request_rows", "started_at", filters, placeholder)
-    return usage(rows, by) if kind == "usage" else decisions(rows, by)
+    with db.transaction() as cursor:
+        expired = _expired_days(cursor, filters)
+        if kind == "fallbacks":
+            return _fallbacks(cursor, db, filters, expired)
+        totals: dict[str, Aggregate] = {}
+        for row in _raw(cursor, db, "request_rows", "started_at", filters):
+            totals.setdefault(_key(row, by, row["started_at"]), Aggregate()).add_row(row)
+        for key, rolled in _rolled_up(cursor, db, filters, expired, by):
+            totals.setdefault(key, Aggregate()).merge(rolled)
+    entry = usage_entry if kind == "usage" else decisions_entry
+    return [entry(by, key, total) for key, total in sorted(totals.items())]
 
 
-def _text(dimension: str, value: object) -> str:
-    if dimension == "max_tokens_filtered":  # a boolean (SQLite stores 0/1)
-        return "yes" if value else "no"
-    return "none" if value is None else str(value)
+def _key(row: dict[str, Any], by: str, at: float | None = None) -> str:
+    if by == "day":
+        return row["day"] if "day" in row else day_of(at or 0.0)
+    value = row.get(BY[by])
+    return "" if value is None else str(value)
+
+
+def _where(db: Database, time_column: str, since: object, until: object, filters: Filters,
+           callers: bool) -> tuple[str, list[object]]:
+    clauses = [f"{time_column} >= {{p}}", f"{time_column} < {{p}}"]
+    params: list[object] = [since, until]
+    if filters.group is not None:
+        clauses.append("group_name = {p}")
+        params.append(filters.group)
+    if filters.caller is not None and callers:
+        clauses.append("caller = {p}")
+        params.append(filters.caller)
+    return sql(" AND ".join(clauses), db), params
+
+
+def _raw(cursor: Any, db: Database, table: str, time_column: str,
+         filters: Filters) -> Iterator[dict[str, Any]]:
+    where, params = _where(db, time_column, filters.since, filters.until, filters,
+                           callers=table == "request_rows")
+    cursor.execute(f"SELECT * FROM {table} WHERE {where}", params)
+    names = [d[0] for d in cursor.description]
+    while batch := cursor.fetchmany(_BATCH):
+        for values in batch:
+            yield dict(zip(names, values, strict=True))
+
+
+def _expired_days(cursor: Any, filters: Filters) -> list[str]:
+    """Days overlapping the period whose raw rows are gone (read from rollups)."""
+    cursor.execute("SELECT day FROM rollup_days WHERE raw_expired")
+    return sorted(day for (day,) in cursor.fetchall()
+                  if day_start(day) < filters.until and day_start(day) + DAY_S > filters.since)
+
+
+def _rolled_up(cursor: Any, db: Database, filters: Filters, days: list[str],
+               by: str) -> Iterator[tuple[str, Aggregate]]:
+    if not days:
+        return
+    where, params = _where(db, "day", days[0], days[-1] + "~", filters, callers=True)
+    wanted = set(days)
+    cursor.execute(f"SELECT * FROM daily_usage WHERE {where}", params)
+    names = [d[0] for d in cursor.description]
+    parts: dict[tuple[str, ...], Aggregate] = {}
+    for values in cursor.fetchall():
+        row = dict(zip(names, values, strict=True))
+        if row["day"] not in wanted:
+            continue
+        parts[_rollup_key(row)] = Aggregate(
+            requests=row["requests"], errors=row["errors"], input_tokens=row["input_tokens"],
+            output_tokens=row["output_tokens"], cached_tokens=row["cached_tokens"],
+            cost_usd=row["cost_usd"], histogram=histogram_from_json(row["latency_histogram"]),
+            error_classes=Counter(json.loads(row["error_classes"])))
+    cursor.execute(f"SELECT * FROM daily_decisions WHERE {where}", params)
+    names = [d[0] for d in cursor.description]
+    for values in cursor.fetchall():
+        row = dict(zip(names, values, strict=True))
+        part = parts.get(_rollup_key(row))
+        if part is not None:
+            part.buckets[(row["dimension"], row["bucket"])] += row["requests"]
+    for key, part in parts.items():
+        day, group, caller, target = key
+        yield _key({"day": day, "group_name": group, "caller": caller,
+                    "serving_target": target or None}, by), part
+
+
+def _rollup_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return (row["day"], row["group_name"], row["caller"], row["serving_target"])
+
+
+def _fallbacks(cursor: Any, db: Database, filters: Filters,
+               expired: list[str]) -> list[dict[str, Any]]:
+    counts: Counter[tuple[str, str, str, str]] = Counter(
+        (r["group_name"], r["from_target"], r["to_target"], r["failure"])
+        for r in _raw(cursor, db, "fallback_transitions", "at", filters))
+    if expired:
+        where, params = _where(db, "day", expired[0], expired[-1] + "~", filters,
+                               callers=False)
+        cursor.execute(f"SELECT * FROM daily_fallbacks WHERE {where}", params)
+        names = [d[0] for d in cursor.description]
+        for values in cursor.fetchall():
+            row = dict(zip(names, values, strict=True))
+            if row["day"] in expired:
+                counts[(row["group_name"], row["from_target"], row["to_target"],
+                        row["failure"])] += row["transitions"]
+    return [{"group": g, "from_target": f, "to_target": t, "failure": failure, "count": n}
+            for (g, f, t, failure), n in sorted(counts.items())]

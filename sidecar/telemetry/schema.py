@@ -36,7 +36,32 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             attempt INTEGER NOT NULL, failure TEXT NOT NULL)""",
         "CREATE INDEX fallback_transitions_at ON fallback_transitions (at)",
     )),
+    (2, (  # daily rollups (docs/telemetry.md §5): kept after raw rows expire
+        """CREATE TABLE rollup_days (
+            day TEXT PRIMARY KEY, rolled_at DOUBLE PRECISION NOT NULL,
+            raw_expired BOOLEAN NOT NULL)""",
+        """CREATE TABLE daily_usage (
+            day TEXT NOT NULL, group_name TEXT NOT NULL, caller TEXT NOT NULL,
+            serving_target TEXT NOT NULL, requests BIGINT NOT NULL, errors BIGINT NOT NULL,
+            input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+            cached_tokens BIGINT NOT NULL, cost_usd DOUBLE PRECISION NOT NULL,
+            latency_histogram TEXT NOT NULL, error_classes TEXT NOT NULL)""",
+        "CREATE INDEX daily_usage_day ON daily_usage (day)",
+        """CREATE TABLE daily_decisions (
+            day TEXT NOT NULL, group_name TEXT NOT NULL, caller TEXT NOT NULL,
+            serving_target TEXT NOT NULL, dimension TEXT NOT NULL, bucket TEXT NOT NULL,
+            requests BIGINT NOT NULL)""",
+        "CREATE INDEX daily_decisions_day ON daily_decisions (day)",
+        """CREATE TABLE daily_fallbacks (
+            day TEXT NOT NULL, group_name TEXT NOT NULL, from_target TEXT NOT NULL,
+            to_target TEXT NOT NULL, failure TEXT NOT NULL, transitions BIGINT NOT NULL)""",
+        "CREATE INDEX daily_fallbacks_day ON daily_fallbacks (day)",
+    )),
 )
+ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
+# Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
+MIGRATION_LOCK = 0x5EDCA1E0
+ROLLUP_LOCK = 0x5EDCA1E1
 LATEST = MIGRATIONS[-1][0]
 
 _RENAMED = {"group": "group_name", "join": "join_kind"}
@@ -56,6 +81,7 @@ def fallback_values(replica: str, row: FallbackRow) -> tuple[object, ...]:
     return (replica, *astuple(row))
 
 
-def insert_sql(table: str, columns: tuple[str, ...], placeholder: str) -> str:
+def insert_sql(table: str, columns: tuple[str, ...]) -> str:
+    """With `{p}` placeholders (database.sql fills them in)."""
     return (f"INSERT INTO {table} ({', '.join(columns)}) "
-            f"VALUES ({', '.join([placeholder] * len(columns))})")
+            f"VALUES ({', '.join(['{p}'] * len(columns))})")

@@ -4,7 +4,9 @@ store in batches on one thread (docs/telemetry.md §3).
 The event loop only calls `offer`, which never blocks: a full queue drops the row and counts
 it. A failing store drops the batch, counts it, logs at most once a minute per kind and is
 reopened on the next batch after a pause that doubles up to 30 s; the request path never
-notices. `close` drains what is queued (up to a deadline) and stops the thread.
+notices. The same thread runs the store's maintenance (daily rollups, retention) every
+`maintenance_interval_s`, between batches. `close` drains what is queued (up to a deadline)
+and stops the thread.
 """
 
 from __future__ import annotations
@@ -35,11 +37,20 @@ class Store(Protocol):
     def close(self) -> None:
         ...
 
+    def maintain(self, now: float) -> object:
+        ...
+
 
 class TelemetryWriter:
     def __init__(self, store: Store, queue_size: int = 10_000, batch_size: int = 500,
-                 flush_interval_s: float = 0.25) -> None:
+                 flush_interval_s: float = 0.25,
+                 maintenance_interval_s: float | None = None,
+                 first_maintenance_s: float = 60.0) -> None:
         self._store = store
+        self._maintenance_interval = maintenance_interval_s
+        # The first run waits a minute: not in the start-up rush.
+        self._next_maintenance = time.monotonic() + first_maintenance_s
+        self.maintenance_runs = {"ok": 0, "error": 0}
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self._batch_size = batch_size
         self._flush = flush_interval_s
@@ -85,6 +96,7 @@ class TelemetryWriter:
         stopping = False
         while not stopping:
             batch: list[object] = []
+            self._maybe_maintain()
             try:
                 batch.append(self._queue.get(timeout=self._flush))
             except queue.Empty:
@@ -103,6 +115,21 @@ class TelemetryWriter:
             self._store.close()
         except Exception:  # closing a broken store must not raise out of the thread
             _limited.exception("telemetry_close", "telemetry store did not close cleanly")
+
+    def _maybe_maintain(self) -> None:
+        if self._maintenance_interval is None or time.monotonic() < self._next_maintenance:
+            return
+        self._next_maintenance = time.monotonic() + self._maintenance_interval
+        try:
+            done = self._store.maintain(time.time())
+        except Exception:
+            self.maintenance_runs["error"] += 1
+            _limited.exception("telemetry_maintain", "telemetry rollup/retention failed")
+            with contextlib.suppress(Exception):
+                self._store.close()
+            return
+        self.maintenance_runs["ok"] += 1
+        log.info("telemetry maintenance: %s", done)
 
     def _write(self, rows: list[object]) -> None:
         requests = [r for r in rows if isinstance(r, RequestRow)]

@@ -1,4 +1,5 @@
-"""Reports from a known synthetic event set against hand-computed figures (issue #15)."""
+"""Reports and rollups from a known synthetic event set against hand-computed figures, on
+SQLite and PostgreSQL (issue #15); after retention expiry the same totals come from rollups."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.reports import Filters, parse_since, percentile, report
 from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
-from sidecar.telemetry.sqlite_store import SQLiteStore
+from sidecar.telemetry.store import TelemetryStore
 
 DAY1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -24,8 +26,8 @@ def made(n: int, target: str, at: float, caller: str, latency: float, tokens: tu
 
 
 @pytest.fixture
-def conn(tmp_path: Path):
-    store = SQLiteStore(tmp_path / "r.db")
+def conn(database: Database):
+    store = TelemetryStore(database)
     store.write([
         made(1, "p/a", DAY1 + 10, "alice", 100.0, (100, 10), 0.001),
         made(2, "p/a", DAY1 + 20, "bob", 300.0, (200, 20), 0.002),
@@ -34,8 +36,7 @@ def conn(tmp_path: Path):
         made(4, "p/a", DAY1 + 86_400 + 5, "alice", 400.0, (10, 1), 0.0005),
     ], [FallbackRow("r3", DAY1 + 30, "g", "p/b", "p/a", 1, "server_error"),
         FallbackRow("r5", DAY1 + 40, "g", "p/b", "p/a", 1, "server_error")])
-    yield store._db
-    store.close()
+    yield database
 
 
 ALL = Filters(since=DAY1, until=DAY1 + 2 * 86_400)
@@ -93,7 +94,7 @@ def test_the_report_command_prints_table_json_and_csv(tmp_path: Path) -> None:
     import time
 
     db = tmp_path / "t.db"
-    store = SQLiteStore(db)
+    store = TelemetryStore(SQLiteDatabase(db))
     now = time.time()
     store.write([made(1, "p/a", now - 60, "alice", 120.0, (100, 10), 0.001),
                  made(2, "p/b", now - 30, "bob", 80.0, (50, 5), 0.0005)], [])
@@ -121,3 +122,105 @@ def test_docs_operations_names_every_column_of_every_table() -> None:
     text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
     missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS} if f"`{c}`" not in text]
     assert missing == []
+
+
+# --- daily rollups and retention -----------------------------------------------------------
+
+NOW = DAY1 + 3 * 86_400 + 7200  # 2026-01-04T02:00Z: days 1–3 are finished
+
+
+def rich(n: int, at: float, target: str = "p/a", error: str = "ok") -> object:
+    row = made(n, target, at, "alice" if n % 3 else "bob", 50.0 + 37 * n, (10 * n, n),
+               0.0001 * n, error, exclusions="p/b:thresholds.max_p95_latency_ms"
+               if n % 4 == 0 else "")
+    return replace(row, request_shape={"stream": n % 2 == 0, "input_size": "small"},
+                   selected_scores={"cost": "high", "latency": "mid"}, affinity="hit",
+                   max_tokens_filtered=n % 5 == 0)
+
+
+def totals(rows: list[dict]) -> list[dict]:
+    """A report without its percentiles (a rollup keeps them to within one histogram step)."""
+    return [{k: v for k, v in r.items() if not k.startswith("latency_")} for r in rows]
+
+
+def test_after_retention_the_same_totals_come_from_rollups(database: Database) -> None:
+    store = TelemetryStore(database, raw_retention_days=1)
+    day1 = [rich(n, DAY1 + 60 * n) for n in range(1, 40)]
+    day2 = [rich(n, DAY1 + 86_400 + 60 * n, "p/b", "server_error" if n % 7 == 0 else "ok")
+            for n in range(40, 60)]
+    store.write(day1 + day2, [FallbackRow(f"f{n}", DAY1 + n, "g", "p/b", "p/a", 1, "timeout")
+                              for n in range(5)])
+    everything = Filters(DAY1, NOW)
+    before = {(kind, by): report(database, kind, everything, by)
+              for kind in ("usage", "decisions", "fallbacks")
+              for by in ("target", "caller", "group", "day")}
+
+    done = store.maintain(NOW)
+    # Day 1 and 2 ended more than a day before NOW: rolled up and their raw rows expired.
+    assert done.expired == ["2026-01-01", "2026-01-02"] and done.rolled_up == []
+    assert done.raw_rows_deleted == 39 + 20 + 5
+    with database.transaction() as cursor:
+        assert cursor.execute("SELECT count(*) FROM request_rows").fetchone() == (0,)
+        assert cursor.execute("SELECT count(*) FROM daily_usage").fetchone()[0] > 0
+    for (kind, by), expected in before.items():
+        after = report(database, kind, everything, by)
+        assert totals(after) == totals(expected), (kind, by)
+    usage_after = report(database, "usage", everything, "target")
+    for old, new in zip(before[("usage", "target")], usage_after, strict=True):
+        for name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
+            assert old[name] <= new[name] <= old[name] * 1.19 + 1  # one histogram step
+    assert store.maintain(NOW) == type(done)()  # nothing left to do
+
+
+def test_late_rows_of_a_rolled_day_count_once_it_expires(database: Database) -> None:
+    store = TelemetryStore(database, raw_retention_days=2)
+    store.write([rich(1, DAY1 + 100)], [])
+    assert store.maintain(DAY1 + 86_400 + 3601).rolled_up == ["2026-01-01"]
+    store.write([rich(2, DAY1 + 200)], [])  # arrives after the first rollup
+    (raw,) = report(database, "usage", Filters(DAY1, DAY1 + 86_400), "group")
+    assert raw["requests"] == 2  # a rolled day still in retention reads its raw rows only
+    assert store.maintain(DAY1 + 3 * 86_400).expired == ["2026-01-01"]
+    (entry,) = report(database, "usage", Filters(DAY1, DAY1 + 86_400), "group")
+    assert (entry["requests"], entry["input_tokens"]) == (2, 30)
+
+
+def test_a_day_within_the_grace_hour_is_not_rolled_up(database: Database) -> None:
+    store = TelemetryStore(database)
+    store.write([rich(1, DAY1 + 100)], [])
+    assert store.maintain(DAY1 + 86_400 + 3599).rolled_up == []
+    assert store.maintain(DAY1 + 86_400 + 3600).rolled_up == ["2026-01-01"]
+
+
+def test_a_replica_finding_another_rolling_up_skips(postgres_dsn: str) -> None:
+    from sidecar.telemetry.postgres import PostgresDatabase
+    from sidecar.telemetry.schema import ROLLUP_LOCK
+
+    first, second = PostgresDatabase(postgres_dsn), PostgresDatabase(postgres_dsn)
+    store = TelemetryStore(first)
+    store.write([rich(1, DAY1 + 100)], [])
+    try:
+        with second.transaction(lock=ROLLUP_LOCK):  # another replica, mid-rollup
+            done = store.maintain(NOW)
+        assert done.skipped_locked and done.rolled_up == []
+        assert store.maintain(NOW).rolled_up == ["2026-01-01"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_rollup_command_rolls_up_and_expires(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    store = TelemetryStore(SQLiteDatabase(tmp_path / "t.db"))
+    store.write([rich(1, DAY1 + 100)], [])
+    store.close()
+    done = subprocess.run([sys.executable, "-m", "sidecar", "rollup", "--db",
+                           str(tmp_path / "t.db"), "--raw-retention-days", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "raw rows expired: 1 (2026-01-01)" in done.stdout
+    missing = subprocess.run([sys.executable, "-m", "sidecar", "rollup", "--db",
+                              str(tmp_path / "none.db")], capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 2 and "no telemetry database" in missing.stderr

@@ -1,5 +1,6 @@
-"""The SQLite store and the background writer (docs/telemetry.md §3): rows reach the file in
-batches; a full queue or a failing store drops and counts rows, never blocks the caller."""
+"""The store and the background writer (docs/telemetry.md §3): rows reach the database in
+batches (SQLite and PostgreSQL); a full queue or a failing store drops and counts rows, never
+blocks the caller."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.rows import FallbackRow, RequestResult, RequestRow, request_row
 from sidecar.telemetry.schema import LATEST
-from sidecar.telemetry.sqlite_store import SQLiteStore, migrate
+from sidecar.telemetry.store import TelemetryStore, migrate
 from sidecar.telemetry.writer import TelemetryWriter
 
 
@@ -28,26 +30,65 @@ def wait_for(condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def test_rows_reach_sqlite_in_batches_with_the_schema_versioned(tmp_path: Path) -> None:
-    path = tmp_path / "t.db"
-    writer = TelemetryWriter(SQLiteStore(path, replica="r-1"), batch_size=50,
+def test_rows_reach_the_database_in_batches_with_the_schema_versioned(
+        database: Database) -> None:
+    writer = TelemetryWriter(TelemetryStore(database, replica="r-1"), batch_size=50,
                              flush_interval_s=0.05).start()
     for n in range(120):
         assert writer.offer(row(n))
     writer.offer(FallbackRow("r1", 1.0, "g", "p/a", "p/b", 1, "server_error"))
     writer.close()
     assert writer.written == 121 and writer.dropped == {"queue_full": 0, "write_error": 0}
-    db = sqlite3.connect(path)
-    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    assert db.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
-    count, tokens, replica = db.execute(
-        "SELECT count(*), sum(output_tokens), min(replica) FROM request_rows").fetchone()
-    assert (count, tokens, replica) == (120, 840, "r-1")
-    shape, join = db.execute("SELECT request_shape, join_kind FROM request_rows").fetchone()
-    assert json.loads(shape) == {} and join == "log_only"
-    assert db.execute("SELECT from_target, to_target FROM fallback_transitions").fetchall() == [
-        ("p/a", "p/b")]
-    assert migrate(db) == LATEST  # applying again is a no-op
+    with database.transaction() as db:
+        assert db.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
+        count, tokens, replica = db.execute(
+            "SELECT count(*), sum(output_tokens), min(replica) FROM request_rows").fetchone()
+        assert (count, tokens, replica) == (120, 840, "r-1")
+        shape, join = db.execute("SELECT request_shape, join_kind FROM request_rows").fetchone()
+        assert json.loads(shape) == {} and join == "log_only"
+        assert db.execute("SELECT from_target, to_target FROM fallback_transitions"
+                          ).fetchall() == [("p/a", "p/b")]
+    assert migrate(database) == LATEST  # applying again is a no-op
+
+
+def test_sqlite_is_in_wal_mode(tmp_path: Path) -> None:
+    store = TelemetryStore(SQLiteDatabase(tmp_path / "t.db"))
+    store.open()
+    store.close()
+    assert sqlite3.connect(tmp_path / "t.db").execute("PRAGMA journal_mode").fetchone() == (
+        "wal",)
+
+
+def test_replicas_starting_together_migrate_once(database: Database, tmp_path: Path) -> None:
+    """Four stores opening the same database at once: every one ends on the latest schema,
+    each migration recorded once (the migration lock serializes them)."""
+    if isinstance(database, SQLiteDatabase):
+        make = lambda: SQLiteDatabase(database.path)  # noqa: E731
+    else:
+        from sidecar.telemetry.postgres import PostgresDatabase
+
+        make = lambda: PostgresDatabase(database._dsn)  # noqa: E731
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        store = TelemetryStore(make())
+        try:
+            store.open()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    with database.transaction() as db:
+        versions = [v for (v,) in db.execute(
+            "SELECT version FROM schema_migrations ORDER BY version").fetchall()]
+    assert versions == list(range(1, LATEST + 1))
 
 
 class StalledStore:
@@ -71,6 +112,9 @@ class StalledStore:
     def close(self) -> None:
         pass
 
+    def maintain(self, now: float) -> None:
+        pass
+
 
 def test_a_stalled_then_failing_store_never_blocks_and_every_loss_is_counted() -> None:
     store = StalledStore()
@@ -86,3 +130,25 @@ def test_a_stalled_then_failing_store_never_blocks_and_every_loss_is_counted() -
     assert writer.dropped["write_error"] >= 1  # the failed batch, counted, not retried
     assert writer.written + writer.dropped["write_error"] == accepted
     assert sum(store.batches) == writer.written
+
+
+def test_maintenance_runs_on_the_writer_thread_on_schedule_and_survives_errors() -> None:
+    calls: list[str] = []
+
+    class Maintained(StalledStore):
+        def maintain(self, now: float) -> None:
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                raise OSError("database went away")
+
+    store = Maintained()
+    store.release.set()
+    store.fail_next = False
+    writer = TelemetryWriter(store, flush_interval_s=0.01, maintenance_interval_s=0.05,
+                             first_maintenance_s=0.0).start()
+    wait_for(lambda: len(calls) >= 3)
+    writer.offer(row(1))
+    writer.close()
+    assert set(calls) == {"telemetry-writer"}
+    assert writer.maintenance_runs["error"] == 1 and writer.maintenance_runs["ok"] >= 2
+    assert writer.written == 1

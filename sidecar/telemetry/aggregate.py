@@ -1,0 +1,181 @@
+"""Mergeable aggregates of request rows: what reports print and daily rollups store
+(docs/telemetry.md §4–§5).
+
+One `Aggregate` sums a set of rows: counts, tokens, cost, error classes, every decision
+bucket as a (dimension, bucket) count, and latencies. Latencies are kept exact while they
+come from raw rows and as a log-scale histogram once rolled up; merging the two turns the
+exact ones into the histogram, so a report spanning expired days gives percentiles to within
+one histogram step (19 %), while every count and sum stays exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# Upper bounds of the latency histogram, ms: four steps per doubling, 1 ms to ~8.7 min.
+LATENCY_BOUNDS_MS: tuple[float, ...] = tuple(round(2 ** (i / 4), 3) for i in range(77))
+DAY_S = 86_400
+
+# Row columns counted bucket by bucket in a decisions report, in the order they print.
+COLUMN_DIMENSIONS = ("strategy", "cold_start", "complexity", "affinity", "probe",
+                     "selected_target", "final_share_bucket", "term_value_bucket",
+                     "max_tokens_filtered", "max_tokens_bucket", "input_size_bucket",
+                     "admission", "reasoning_effort", "status_class", "join_kind")
+# Dimensions a row holds several buckets of (lists and maps).
+LIST_DIMENSIONS = ("signals", "prompt_features", "exclusion_stages", "score_buckets",
+                   "request_shape")
+DIMENSIONS = COLUMN_DIMENSIONS + LIST_DIMENSIONS
+
+
+def day_of(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d")
+
+
+def day_start(day: str) -> float:
+    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+
+
+def latency_bucket(ms: float) -> int:
+    return min(bisect.bisect_left(LATENCY_BOUNDS_MS, ms), len(LATENCY_BOUNDS_MS) - 1)
+
+
+def decision_buckets(row: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """Every (dimension, bucket) a raw request row counts in."""
+    for dimension in COLUMN_DIMENSIONS:
+        yield dimension, _text(dimension, row.get(dimension))
+    for name in _split(row.get("signals")):
+        yield "signals", name
+    for name in _split(row.get("prompt_features")):
+        yield "prompt_features", name
+    for pair in _split(row.get("exclusions")):
+        if ":" in pair:
+            yield "exclusion_stages", pair.split(":", 1)[1]
+    for name, value in _mapping(row.get("selected_scores")).items():
+        yield "score_buckets", f"{name}={value}"
+    for name, value in _mapping(row.get("request_shape")).items():
+        yield "request_shape", f"{name}={_text('', value)}"
+
+
+@dataclass
+class Aggregate:
+    requests: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    latencies: list[float] = field(default_factory=list)      # exact, from raw rows
+    histogram: Counter[int] = field(default_factory=Counter)  # bucket index → rows
+    error_classes: Counter[str] = field(default_factory=Counter)
+    buckets: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add_row(self, row: Mapping[str, Any], exact: bool = True) -> None:
+        self.requests += 1
+        error = row.get("error_class")
+        if error not in (None, "ok"):
+            self.errors += 1
+            self.error_classes[error] += 1
+        self.input_tokens += row.get("input_tokens") or 0
+        self.output_tokens += row.get("output_tokens") or 0
+        self.cached_tokens += row.get("cached_tokens") or 0
+        self.cost_usd += row.get("cost_usd") or 0.0
+        latency = row.get("latency_ms")
+        if latency is not None:
+            if exact:
+                self.latencies.append(latency)
+            else:
+                self.histogram[latency_bucket(latency)] += 1
+        self.buckets.update(decision_buckets(row))
+
+    def merge(self, other: Aggregate) -> None:
+        self.requests += other.requests
+        self.errors += other.errors
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+        self.cost_usd += other.cost_usd
+        self.latencies.extend(other.latencies)
+        self.histogram.update(other.histogram)
+        self.error_classes.update(other.error_classes)
+        self.buckets.update(other.buckets)
+
+    def percentile(self, fraction: float) -> float | None:
+        if not self.histogram:
+            return percentile(self.latencies, fraction)
+        counts = self.histogram + Counter(latency_bucket(v) for v in self.latencies)
+        rank = max(1, math.ceil(fraction * sum(counts.values())))
+        seen = 0
+        for index in sorted(counts):
+            seen += counts[index]
+            if seen >= rank:
+                return LATENCY_BOUNDS_MS[index]
+        return None
+
+    def histogram_json(self) -> str:
+        merged = self.histogram + Counter(latency_bucket(v) for v in self.latencies)
+        return json.dumps({str(k): v for k, v in sorted(merged.items())})
+
+
+def histogram_from_json(text: str | None) -> Counter[int]:
+    return Counter({int(k): int(v) for k, v in json.loads(text or "{}").items()})
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Nearest rank, as the observation windows report it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def usage_entry(by: str, key: str, total: Aggregate) -> dict[str, Any]:
+    return {
+        by: key,
+        "requests": total.requests,
+        "errors": total.errors,
+        "input_tokens": total.input_tokens,
+        "output_tokens": total.output_tokens,
+        "cached_tokens": total.cached_tokens,
+        "cost_usd": round(total.cost_usd, 6),
+        "latency_p50_ms": total.percentile(0.50),
+        "latency_p95_ms": total.percentile(0.95),
+        "latency_p99_ms": total.percentile(0.99),
+        "error_classes": dict(sorted(total.error_classes.items())),
+    }
+
+
+def decisions_entry(by: str, key: str, total: Aggregate) -> dict[str, Any]:
+    entry: dict[str, Any] = {by: key, "requests": total.requests}
+    for dimension in DIMENSIONS:
+        entry[dimension] = {}
+    for (dimension, value), count in sorted(total.buckets.items()):
+        entry[dimension][value] = count
+    return entry
+
+
+def _text(dimension: str, value: object) -> str:
+    if dimension == "max_tokens_filtered":  # a boolean (SQLite stores 0/1)
+        return "yes" if value else "no"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def _split(text: object) -> Iterable[str]:
+    return [part for part in str(text).split(",") if part] if text else []
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    if isinstance(value, Mapping):
+        return value
+    if isinstance(value, str) and value:
+        loaded = json.loads(value)
+        return loaded if isinstance(loaded, dict) else {}
+    return {}

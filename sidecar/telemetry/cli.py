@@ -1,0 +1,83 @@
+"""`sidecar report usage|decisions|fallbacks` and `sidecar rollup`: the reports and the
+maintenance of docs/telemetry.md §4–§5, on the configured telemetry database (SQLite or
+PostgreSQL) or a SQLite file given with `--db`. Reports print as a table, JSON or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from typing import Any
+
+from sidecar.config.models import Telemetry
+from sidecar.telemetry.database import Database, open_database
+from sidecar.telemetry.reports import Filters, parse_since, report
+from sidecar.telemetry.store import TelemetryStore
+from sidecar.text_table import format_table
+
+
+def filters_for(since: str, until: str | None, group: str | None, caller: str | None,
+                now: float) -> Filters:
+    return Filters(parse_since(since, now), parse_since(until, now) if until else now + 1,
+                   group, caller)
+
+
+def report_document(db: Database, kind: str, filters: Filters, by: str) -> dict[str, Any]:
+    return {"report": kind, "by": by, "since": filters.since, "until": filters.until,
+            "rows": report(db, kind, filters, by)}
+
+
+def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
+               group: str | None, caller: str | None, by: str, output: str) -> str:
+    filters = filters_for(since, until, group, caller, time.time())
+    # Read-only: a report never writes, and never blocks the sidecar's writer for long.
+    db = open_database(settings, read_only=True)
+    db.open()
+    try:
+        document = report_document(db, kind, filters, by)
+    finally:
+        db.close()
+    if output == "json":
+        return json.dumps(document, indent=2)
+    rows = document["rows"]
+    flat = [{k: _cell(v) for k, v in row.items()} for row in rows]
+    if output == "csv":
+        buffer = io.StringIO()
+        if flat:
+            writer = csv.DictWriter(buffer, fieldnames=list(flat[0]))
+            writer.writeheader()
+            writer.writerows(flat)
+        return buffer.getvalue().rstrip("\n")
+    return _table(flat) if flat else f"no {kind} in that period"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, float):
+        return f"{value:.6f}".rstrip("0").rstrip(".") if value else "0"
+    return str(value)
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    header = list(rows[0])
+    return format_table([header, *([row[h] for h in header] for row in rows)])
+
+
+def run_rollup(settings: Telemetry, now: float | None = None) -> str:
+    """One maintenance run now: roll up finished days, expire raw rows past retention."""
+    store = TelemetryStore(open_database(settings), settings.replica,
+                           settings.raw_retention_days)
+    try:
+        done = store.maintain(time.time() if now is None else now)
+    finally:
+        store.close()
+    lines = [f"rolled up: {', '.join(done.rolled_up) or 'nothing new'}",
+             f"raw rows expired: {done.raw_rows_deleted} "
+             f"({', '.join(done.expired) or 'no day past retention'})"]
+    if done.skipped_locked:
+        lines.append("another replica is rolling up; the rest is left to it")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""The telemetry store: the schema, batches of rows and maintenance on one database
+(SQLite or PostgreSQL, sidecar/telemetry/database.py), used by the writer thread.
+
+Opening migrates: numbered migrations (schema.py) that have not run yet run in order, each in
+one transaction that holds the migration lock, so replicas starting together apply each
+migration once. Each batch of rows is one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sidecar.telemetry.database import Database, sql
+from sidecar.telemetry.rollup import Maintenance, maintain
+from sidecar.telemetry.rows import FallbackRow, RequestRow
+from sidecar.telemetry.schema import (
+    FALLBACK_COLUMNS,
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    REQUEST_COLUMNS,
+    fallback_values,
+    insert_sql,
+    request_values,
+)
+
+
+class TelemetryStore:
+    def __init__(self, db: Database, replica: str = "", raw_retention_days: int = 30) -> None:
+        self.db = db
+        self._replica = replica
+        self._retention_days = raw_retention_days
+        self._open = False
+
+    def open(self) -> None:
+        self.db.open()
+        migrate(self.db)
+        self._open = True
+
+    def close(self) -> None:
+        self._open = False
+        self.db.close()
+
+    def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+        if not self._open:
+            self.open()
+        with self.db.transaction() as cursor:
+            if requests:
+                cursor.executemany(sql(insert_sql("request_rows", REQUEST_COLUMNS), self.db),
+                                   [request_values(self._replica, r) for r in requests])
+            if fallbacks:
+                cursor.executemany(
+                    sql(insert_sql("fallback_transitions", FALLBACK_COLUMNS), self.db),
+                    [fallback_values(self._replica, r) for r in fallbacks])
+
+    def maintain(self, now: float) -> Maintenance:
+        """Daily rollups and raw-row retention (rollup.py)."""
+        if not self._open:
+            self.open()
+        return maintain(self.db, now, self._retention_days)
+
+
+def migrate(db: Database) -> int:
+    """Apply the migrations not yet applied; the schema version afterwards."""
+    with db.transaction(lock=MIGRATION_LOCK) as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                       "(version INTEGER PRIMARY KEY)")
+        done = {v for (v,) in cursor.execute("SELECT version FROM schema_migrations").fetchall()}
+        for version, statements in MIGRATIONS:
+            if version in done:
+                continue
+            for statement in statements:
+                cursor.execute(statement)
+            cursor.execute(sql("INSERT INTO schema_migrations (version) VALUES ({p})", db),
+                           (version,))
+            done.add(version)
+    return max(done)

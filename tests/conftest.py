@@ -1,0 +1,29 @@
+"""Fixtures shared by unit and end-to-end tests: the private PostgreSQL server."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from tests.postgres_server import PostgresNotInstalled, fresh_database, postgres_server
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_dsn() -> Iterator[str]:
+    """A running PostgreSQL for this session (started on first use). Not installed: a loud
+    skip. Installed but will not start: the tests fail (PostgresWillNotStart)."""
+    try:
+        with postgres_server() as dsn:
+            yield dsn
+    except PostgresNotInstalled as exc:
+        warnings.warn(f"PostgreSQL tests SKIPPED: {exc}", stacklevel=1)
+        pytest.skip(f"PostgreSQL is not installed here: {exc}")
+
+
+@pytest.fixture
+def postgres_dsn(postgres_admin_dsn: str) -> Iterator[str]:
+    """An empty database of its own for one test."""
+    with fresh_database(postgres_admin_dsn) as dsn:
+        yield dsn
