@@ -3,12 +3,18 @@
 - `GET /observations[?window=SECONDS]`: every target's window figures, in the snapshot
   format `sidecar explain --observations` reads, plus the outcome counts.
 - `GET /healthz`: `ok`.
+- `GET /metrics`: Prometheus exposition (telemetry/metrics.py).
+- `GET /reports/<usage|decisions|fallbacks>?since=24h&...`: telemetry reports as JSON
+  (telemetry/admin_reports.py), when telemetry is on.
 - `GET /status`: ext_proc streams being served and asyncio tasks alive (both return to
   their idle level when requests end, cancelled ones included), and the gRPC port's
   counters (connections, refusals, protocol errors, unauthenticated calls, bytes held).
 
 A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection,
-GET only, nothing secret in any answer. What one peer can cost is bounded: at most
+GET only, nothing secret in any answer. Loopback by default; bound to any other address it
+needs an admin token (`--admin-token-file`), which every request but `/healthz` must send
+as `authorization: Bearer <token>` (compared in constant time); starting on a non-loopback
+address without one is refused. What one peer can cost is bounded: at most
 `MAX_CONNECTIONS` connections at once, `HEAD_TIMEOUT` (2 s) to send a request head of at
 most 64 KiB and 100 header lines. Beyond the limit, `HEALTHZ_SPARE` more connections may
 still ask for `/healthz` alone (`HEALTHZ_HEAD_TIMEOUT`, 0.5 s, for their head), so slow
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import json
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,6 +35,7 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sidecar.telemetry.metrics import Metrics
 
@@ -39,6 +48,22 @@ def observations_document(store: ObservationStore, window_seconds: int) -> dict[
         summary = store.summary(target, window)
         targets[target] = {**asdict(summary.figures), "outcomes": summary.outcomes}
     return {"window_seconds": window, "targets": targets}
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse to serve the admin endpoint beyond loopback without a token."""
+    if token is None and not is_loopback(host):
+        raise ValueError(f"the admin endpoint on {host} is reachable beyond this host: "
+                         "give it a token with --admin-token-file, or bind it to 127.0.0.1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 MAX_CONNECTIONS = 64
@@ -58,8 +83,12 @@ class AdminServer:
     def __init__(self, store: ObservationStore, host: str, port: int,
                  streams: StreamCounter | None = None,
                  grpc_counters: Callable[[], dict[str, int]] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, token: str | None = None,
+                 reports: AdminReports | None = None) -> None:
+        check_exposure(host, token)
         self._store = store
+        self._token = None if token is None else f"Bearer {token}".encode()
+        self._reports = reports
         self._metrics = metrics
         self._streams = streams
         self._grpc_counters = grpc_counters
@@ -90,9 +119,10 @@ class AdminServer:
             return
         self._open += 1
         try:
-            line = await asyncio.wait_for(self._read_head(reader), HEAD_TIMEOUT)
+            line, authorization = await asyncio.wait_for(self._read_head(reader),
+                                                         HEAD_TIMEOUT)
             try:
-                status, body = self._route(line.decode("latin-1"))
+                status, body = await self._dispatch(line.decode("latin-1"), authorization)
             except Exception:  # never let a request take the endpoint down
                 status, body = "500 Internal Server Error", {"error": "internal error"}
             await self._answer(writer, status, body)
@@ -107,7 +137,7 @@ class AdminServer:
         """Every slot is taken: one of the few spare connections, for `/healthz` only."""
         self._spare += 1
         try:
-            line = await asyncio.wait_for(self._read_head(reader), HEALTHZ_HEAD_TIMEOUT)
+            line, _ = await asyncio.wait_for(self._read_head(reader), HEALTHZ_HEAD_TIMEOUT)
             if line.split(b" ")[:2] == [b"GET", b"/healthz"]:
                 await self._answer(writer, "200 OK", "ok")
             else:
@@ -131,22 +161,41 @@ class AdminServer:
         await writer.drain()
 
     @staticmethod
-    async def _read_head(reader: asyncio.StreamReader) -> bytes:
-        """The request line; the headers are read and ignored (at most 100 of them)."""
+    async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None]:
+        """The request line and the `authorization` value; other headers are read and
+        ignored (at most 100 of them)."""
         line = await reader.readline()
+        authorization = None
         for _ in range(100):
-            if (await reader.readline()) in (b"\r\n", b"\n", b""):
+            header = await reader.readline()
+            if header in (b"\r\n", b"\n", b""):
                 break
-        return line
+            name, _, value = header.partition(b":")
+            if name.strip().lower() == b"authorization":
+                authorization = value.strip()
+        return line, authorization
 
-    def _route(self, request_line: str) -> tuple[str, object]:
+    async def _dispatch(self, request_line: str,
+                        authorization: bytes | None) -> tuple[str, object]:
         parts = request_line.split(" ")
         if len(parts) < 2 or parts[0] != "GET":
             return "405 Method Not Allowed", {"error": "only GET is served"}
         url = urlsplit(parts[1])
         if url.path == "/healthz":
             return "200 OK", "ok"
-        if url.path == "/status":
+        if self._token is not None and not (
+                authorization is not None and hmac.compare_digest(authorization, self._token)):
+            return "401 Unauthorized", {"error": "send the admin token: "
+                                                 "authorization: Bearer <token>"}
+        if url.path.startswith("/reports/"):
+            if self._reports is None:
+                return "404 Not Found", {"error": "telemetry is off: no reports (set "
+                                                  "telemetry.sqlite_path or postgres_dsn)"}
+            return await self._reports.answer(url.path.removeprefix("/reports/"), url.query)
+        return self._route(url.path, url.query)
+
+    def _route(self, path: str, query: str) -> tuple[str, object]:
+        if path == "/status":
             streams = self._streams.active_streams if self._streams else 0
             grpc = self._grpc_counters() if self._grpc_counters else {}
             leaked = self._streams.retry_credentials_received if self._streams else 0
@@ -155,11 +204,11 @@ class AdminServer:
                               "asyncio_tasks": len(asyncio.all_tasks()),
                               "grpc": grpc,
                               "admin_connections_refused": self.connections_refused}
-        if url.path == "/metrics" and self._metrics is not None:
+        if path == "/metrics" and self._metrics is not None:
             return "200 OK", self._metrics.exposition()
-        if url.path == "/observations":
+        if path == "/observations":
             window = self._store.retention_seconds
-            values = parse_qs(url.query).get("window")
+            values = parse_qs(query).get("window")
             if values:
                 text = values[0]
                 if not (text.isascii() and text.isdigit() and 0 < len(text) <= 9
@@ -167,4 +216,5 @@ class AdminServer:
                     return "400 Bad Request", {"error": "window must be a positive integer"}
                 window = int(text)
             return "200 OK", observations_document(self._store, window)
-        return "404 Not Found", {"error": "try /observations, /metrics, /status or /healthz"}
+        return "404 Not Found", {"error": "try /observations, /metrics, /reports/usage, "
+                                          "/status or /healthz"}

@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="log one JSON line per routing decision (safe scalars only)")
     up.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                     help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(up)
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="log one JSON line per routing decision (safe scalars only)")
     serve.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                        help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    serve.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(serve)
 
     observations = command("observations",
@@ -85,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     observations.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                               help=f"the sidecar's admin endpoint (default: {DEFAULT_ADMIN_HTTP})")
     observations.add_argument("--window", type=int, help="seconds (default: the longest)")
+    observations.add_argument("--admin-token-file", type=Path,
+                              help="the admin token, when the endpoint requires one")
     observations.add_argument("--format", choices=["table", "json"], default="table")
 
     check = command("check-config", "validate a configuration file")
@@ -180,6 +184,17 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
 
 
+ADMIN_TOKEN_HELP = ("file with a token (32+ characters) the admin endpoint requires as "
+                    "'authorization: Bearer <token>' on all but /healthz; needed when "
+                    "--admin-http is not a loopback address")
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.admin_token_file is None:
+        return None
+    return read_channel_token(args.admin_token_file, "admin token")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         print(exc, file=sys.stderr)
         return 2
-    except SecretError as exc:
+    except (SecretError, ChannelTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -205,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
 def _up(args: argparse.Namespace) -> int:
     from sidecar.devstack.stack import EnvoyStartError, StackOptions, run_stack
 
+    try:
+        admin_token = _admin_token(args)
+    except ChannelTokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     options = StackOptions(
         config_path=args.config,
         addresses=EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
@@ -215,6 +235,7 @@ def _up(args: argparse.Namespace) -> int:
         log_decisions=args.log_decisions,
         admin_http=args.admin_http,
         grpc_server=args.grpc_server,
+        admin_token=admin_token,
     )
     try:
         return run_event_loop(run_stack(options))
@@ -231,6 +252,7 @@ def _serve(args: argparse.Namespace) -> int:
     runtime = Runtime(config)
     try:
         channel_token = read_channel_token(args.grpc_token_file)
+        admin_token = _admin_token(args)
     except ChannelTokenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -238,7 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def serve() -> None:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
-                                      grpc_server=args.grpc_server)
+                                      grpc_server=args.grpc_server, admin_token=admin_token)
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
             sidecar.admin.host, sidecar.admin.port, len(config.models))
@@ -252,7 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _observations(args: argparse.Namespace) -> int:
     from sidecar.observations_cli import fetch_observations, render_table
 
-    document = fetch_observations(args.admin_http, args.window)
+    document = fetch_observations(args.admin_http, args.window, _admin_token(args))
     print(json.dumps(document, indent=2) if args.format == "json" else render_table(document))
     return 0
 

@@ -12,10 +12,14 @@ _COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "p95_ms_per_output_token",
             "output_tokens_per_s", "error_rate", "timeout_rate", "fallback_rate")
 
 
-def fetch_observations(admin_http: str, window: int | None) -> dict[str, Any]:
+def fetch_observations(admin_http: str, window: int | None,
+                       token: str | None = None) -> dict[str, Any]:
     url = f"http://{admin_http}/observations" + (f"?window={window}" if window else "")
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:  # loopback admin endpoint
+        with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
     except OSError as exc:
         raise OSError(f"cannot reach the sidecar admin endpoint at {admin_http}: {exc}") from None

@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sidecar.admin import AdminServer
+from sidecar.admin import AdminServer, check_exposure
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
 from sidecar.extproc.processor import ExternalProcessor
@@ -18,6 +18,7 @@ from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.metrics import Metrics
@@ -108,11 +109,15 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
                         admin_address: str, log_decisions: bool = False,
                         channel_token: str | None = None,
-                        grpc_server: str = "own") -> RunningSidecar:
+                        grpc_server: str = "own",
+                        admin_token: str | None = None) -> RunningSidecar:
     """Raises OSError when an address cannot be bound; nothing is left running then.
     With `channel_token`, ext_proc and access-log calls must present it (grpcwire/auth.py);
     without, the gRPC port trusts every peer (only for tests of the port itself).
-    `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py)."""
+    `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py).
+    Raises ValueError for an admin address beyond loopback without `admin_token`."""
+    host, port = split_host_port(admin_address)
+    check_exposure(host, admin_token)
     store = observation_store(config)
     enabled = config.observations.enabled
     # The join costs ~20 µs of sidecar CPU per request (docs/telemetry.md): only when on.
@@ -133,13 +138,13 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         if telemetry is not None:
             await telemetry.stop()
         raise
-    host, port = split_host_port(admin_address)
     metrics = telemetry.metrics if telemetry is not None else Metrics(store)
     if telemetry is not None:
         metrics.add_gauges(telemetry.gauges)
     metrics.add_gauges(lambda: {f"grpc_{name}": float(value)
                                 for name, value in server.counters.as_dict().items()})
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
+    metrics.add_handling_times(processor.handling)
     router = runtime.router
     metrics.add_group_gauge("affinity_pins", "conversation pins held", lambda: {
         group: float(len(pins)) for group in config.models
@@ -147,7 +152,9 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     metrics.add_group_gauge("ejected_targets", "targets ejected or probing", lambda: {
         group: float(state.ejected_count()) for group in config.models
         if (state := router.ejections(group)) is not None})
-    admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics)
+    reports = AdminReports(config.telemetry) if telemetry is not None else None
+    admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
+                        token=admin_token, reports=reports)
     try:
         await admin.start()
     except OSError as exc:

@@ -53,6 +53,7 @@ class StackOptions:
     admin_http: str = DEFAULT_ADMIN_HTTP
     ready_timeout_s: float = 30.0
     grpc_server: str = "own"  # or "grpcio" (docs/grpc-server.md)
+    admin_token: str | None = None
 
 
 def _die_with_parent() -> None:
@@ -179,7 +180,8 @@ async def run_stack(options: StackOptions) -> int:
         sidecar = await start_sidecar(config, runtime, options.addresses.ext_proc,
                                       options.admin_http, options.log_decisions,
                                       channel_token=channel_token,
-                                      grpc_server=options.grpc_server)
+                                      grpc_server=options.grpc_server,
+                                      admin_token=options.admin_token)
         ready = asyncio.ensure_future(
             wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)

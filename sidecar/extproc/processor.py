@@ -13,6 +13,7 @@ stream is done. The gRPC server (sidecar.grpcwire) calls it straight from the so
 from __future__ import annotations
 
 import logging
+from time import perf_counter
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf.message import DecodeError
@@ -23,6 +24,7 @@ from sidecar.gateway import Gateway, Pending, Reply
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
+from sidecar.telemetry.timing import HandlingTimes
 
 log = logging.getLogger("sidecar.extproc")
 # Whatever the calls, at most 10 lines of each kind a minute (grpcwire/ratelimit.py).
@@ -42,6 +44,7 @@ class ExternalProcessor:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.active_streams = 0
+        self.handling = HandlingTimes()  # per message, for /metrics
 
     @property
     def max_body_bytes(self) -> int:
@@ -72,6 +75,7 @@ class ProcessStream:
         self._closed = False
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
+        started = perf_counter()
         try:
             request = ext.ProcessingRequest.FromString(payload)
         except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
@@ -81,6 +85,7 @@ class ProcessStream:
             call.send_parts(response.wire_parts())
         elif response is not None:
             call.send(response.SerializeToString())
+        self._processor.handling.observe(perf_counter() - started)
         if done:
             call.finish()
             self._close()

@@ -50,13 +50,12 @@ class ChannelAuth:
         return hmac.compare_digest(presented, self._token)
 
 
-def check_token(token: str) -> None:
+def check_token(token: str, what: str = "gRPC channel token") -> None:
     if len(token) < MIN_TOKEN_CHARS:
-        raise ChannelTokenError(f"the gRPC channel token must have at least "
-                                f"{MIN_TOKEN_CHARS} characters")
+        raise ChannelTokenError(f"the {what} must have at least {MIN_TOKEN_CHARS} characters")
     if not token.isascii() or not token.isprintable() or " " in token:
-        raise ChannelTokenError("the gRPC channel token must be printable ASCII without "
-                                "spaces (it travels as an HTTP/2 header value)")
+        raise ChannelTokenError(f"the {what} must be printable ASCII without spaces (it "
+                                "travels as an HTTP header value)")
 
 
 def new_channel_token() -> str:
@@ -64,17 +63,16 @@ def new_channel_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def read_channel_token(path: Path) -> str:
+def read_channel_token(path: Path, what: str = "gRPC channel token") -> str:
     """The token from a secret file (surrounding whitespace ignored). Errors name the file,
-    never its content."""
+    never its content. Also reads the admin endpoint's token (`what` names it)."""
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ChannelTokenError(f"cannot read the gRPC channel token file {path}: "
-                                f"{reason}") from None
+        raise ChannelTokenError(f"cannot read the {what} file {path}: {reason}") from None
     try:
-        check_token(token)
+        check_token(token, what)
     except ChannelTokenError as exc:
         raise ChannelTokenError(f"{path}: {exc}") from None
     return token

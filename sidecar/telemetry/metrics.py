@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.observe.store import ObservationStore
 from sidecar.telemetry.rows import FallbackRow, RequestRow
+from sidecar.telemetry.timing import HandlingTimes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _FIGURES = (("p95_latency_ms", "p95 latency over the retention window, ms"),
@@ -51,6 +52,10 @@ class Metrics:
     def add_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """Figures read at scrape time, each exposed as `sidecar_<name>`."""
         self._gauges.append(read)
+
+    def add_handling_times(self, times: HandlingTimes) -> None:
+        """`sidecar_ext_proc_handling_seconds`: time to handle one ext_proc message."""
+        self.registry.register(_Handling(times))
 
     def add_group_gauge(self, name: str, text: str,
                         read: Callable[[], dict[str, float]]) -> None:
@@ -112,3 +117,14 @@ class _ScrapeTime(Collector):
             for group, value in sorted(read().items()):
                 family.add_metric([group], value)
             yield family
+
+
+class _Handling(Collector):
+    def __init__(self, times: HandlingTimes) -> None:
+        self._times = times
+
+    def collect(self) -> Iterator[Any]:
+        buckets = self._times.cumulative()
+        yield HistogramMetricFamily(
+            "sidecar_ext_proc_handling_seconds", "time the sidecar spends on one ext_proc "
+            "message (decode, route, encode)", buckets=buckets, sum_value=self._times.total)

@@ -104,6 +104,21 @@ def test_serve_refuses_to_start_without_a_usable_channel_token(tmp_path: Path) -
         assert "too-short" not in result.stderr
 
 
+def test_serve_refuses_an_admin_endpoint_beyond_loopback_without_a_token(
+        tmp_path: Path) -> None:
+    """192.0.2.1 (TEST-NET-1) is on no interface here: even if the check failed, nothing
+    would listen beyond loopback."""
+    token = tmp_path / "grpc-token"
+    token.write_text("t" * 40)
+    result = sidecar("serve", "--config", str(FIXTURES / "spec_sample.yaml"),
+                     "--listen", f"127.0.0.1:{free_port()}", "--grpc-token-file", str(token),
+                     "--admin-http", "192.0.2.1:9901",
+                     env={"BASETEN_API_KEY": "b", "MINIMAX_API_KEY": "m", "OPENAI_API_KEY": "o"})
+    assert result.returncode == 1
+    assert "reachable beyond this host" in result.stderr
+    assert "--admin-token-file" in result.stderr
+
+
 def test_up_refuses_to_start_without_provider_keys(tmp_path: Path) -> None:
     result = sidecar("up", "--config", str(FIXTURES / "spec_sample.yaml"),
                      "--listen", f"127.0.0.1:{free_port()}", "--admin", f"127.0.0.1:{free_port()}",

@@ -40,3 +40,20 @@ def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:
     assert "sidecar_telemetry_queue_depth 7.0" in text
     assert 'sidecar_affinity_pins{group="g"} 4.0' in text
     assert "r1" not in text  # no request ids
+
+
+def test_handling_times_are_a_prometheus_histogram() -> None:
+    from sidecar.telemetry.timing import HandlingTimes
+
+    times = HandlingTimes()
+    for seconds in (20e-6, 20e-6, 80e-6, 0.3, 5.0):
+        times.observe(seconds)
+    metrics = Metrics(ObservationStore())
+    metrics.add_handling_times(times)
+    text = metrics.exposition().decode()
+    assert 'sidecar_ext_proc_handling_seconds_bucket{le="2.5e-05"} 2.0' in text
+    assert 'sidecar_ext_proc_handling_seconds_bucket{le="0.0001"} 3.0' in text
+    assert 'sidecar_ext_proc_handling_seconds_bucket{le="1.0"} 4.0' in text
+    assert 'sidecar_ext_proc_handling_seconds_bucket{le="+Inf"} 5.0' in text
+    assert "sidecar_ext_proc_handling_seconds_count 5.0" in text
+    assert "sidecar_ext_proc_handling_seconds_sum 5.30012" in text

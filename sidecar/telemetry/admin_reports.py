@@ -1,0 +1,69 @@
+"""`GET /reports/<usage|decisions|fallbacks>?since=24h&until=&group=&caller=&by=` on the
+admin endpoint: the JSON `sidecar report --format json` prints (docs/telemetry.md §6).
+
+A report reads the database, so it runs on a worker thread with a read-only connection of
+its own, never on the event loop; one report runs at a time (a second gets 429), so a peer
+cannot stack up database scans. Query values are checked before anything is read: a bad
+one is a 400 that names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import parse_qs
+
+from sidecar.config.models import Telemetry
+from sidecar.telemetry.cli import filters_for, report_document
+from sidecar.telemetry.database import open_database
+from sidecar.telemetry.reports import BY, KINDS
+
+MAX_VALUE_CHARS = 256
+_KEYS = {"since", "until", "group", "caller", "by"}
+
+
+class AdminReports:
+    def __init__(self, settings: Telemetry) -> None:
+        self._settings = settings
+        self._running = asyncio.Lock()
+
+    async def answer(self, kind: str, query: str) -> tuple[str, object]:
+        if kind not in KINDS:
+            return "404 Not Found", {"error": f"reports: one of {', '.join(KINDS)}"}
+        values = parse_qs(query, keep_blank_values=True)
+        unknown = sorted(set(values) - _KEYS)
+        if unknown:
+            return "400 Bad Request", {"error": f"unknown parameter {unknown[0][:40]!r}; "
+                                                f"use {', '.join(sorted(_KEYS))}"}
+        args: dict[str, str | None] = {}
+        for key in _KEYS:
+            given = values.get(key)
+            if given and (len(given) > 1 or len(given[0]) > MAX_VALUE_CHARS):
+                return "400 Bad Request", {"error": f"{key}: one value of at most "
+                                                    f"{MAX_VALUE_CHARS} characters"}
+            args[key] = given[0] if given else None
+        by = args["by"] or "target"
+        if by not in BY:
+            return "400 Bad Request", {"error": f"by: one of {', '.join(BY)}"}
+        try:
+            filters = filters_for(args["since"] or "24h", args["until"], args["group"],
+                                  args["caller"], time.time())
+        except ValueError as exc:
+            return "400 Bad Request", {"error": str(exc).replace("--", "")}
+        if self._running.locked():
+            return "429 Too Many Requests", {"error": "a report is already running"}
+        async with self._running:
+            try:
+                document = await asyncio.to_thread(self._read, kind, filters, by)
+            except Exception as exc:  # the database is away: say so, never its DSN
+                return "503 Service Unavailable", {
+                    "error": f"telemetry database unavailable ({type(exc).__name__})"}
+        return "200 OK", document
+
+    def _read(self, kind: str, filters: object, by: str) -> dict[str, object]:
+        db = open_database(self._settings, read_only=True)
+        try:
+            db.open()
+            return report_document(db, kind, filters, by)  # type: ignore[arg-type]
+        finally:
+            db.close()
