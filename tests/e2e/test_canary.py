@@ -2,15 +2,17 @@
 provider key, a caller header, a cookie) and then looked for everywhere an operator or an
 attacker could read: the sidecar's log at debug level (Envoy's stderr shares it, at its
 default level), the decision log, every admin endpoint of the sidecar, Envoy admin's
-`/config_dump`, `/stats` and `/clusters`, and every error body. Only the provider may see
-its own key, and it must see none of the caller's secrets."""
+`/config_dump`, `/stats` and `/clusters`, every error body, the telemetry reports, and every
+table and column of the telemetry database (raw rows, then daily rollups), on SQLite and on
+PostgreSQL. Only the provider may see its own key, and it must see none of the caller's
+secrets."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +23,9 @@ import pytest
 
 from sidecar.devstack.harness import ProviderThread, UpProcess
 from sidecar.devstack.providers import Behaviour, FakeProvider
+from sidecar.telemetry.database import Database, SQLiteDatabase
+from sidecar.telemetry.store import TelemetryStore
+from tests.postgres_server import fresh_database
 
 pytestmark = pytest.mark.e2e
 
@@ -39,11 +44,25 @@ EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY,
                 *(hashlib.sha256(s.encode()).hexdigest() for s in (PROVIDER_KEY, SECOND_KEY)))
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def run(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Start the stack, send the canaries through every kind of answer, and collect
     everything readable afterwards: {place: text}."""
     workdir = tmp_path_factory.mktemp("canary")
+    with contextlib.ExitStack() as stack:
+        if request.param == "postgres":
+            dsn = stack.enter_context(fresh_database(
+                request.getfixturevalue("postgres_admin_dsn")))
+            telemetry, env = "{postgres_dsn: {env: TELEMETRY_DSN}}", {"TELEMETRY_DSN": dsn}
+        else:
+            dsn = None
+            telemetry, env = f"{{sqlite_path: '{workdir / 'telemetry.db'}'}}", {}
+        yield from _run(workdir, telemetry, env, dsn)
+
+
+def _run(workdir: Path, telemetry: str, env: dict[str, str],
+         dsn: str | None) -> Iterator[dict[str, str]]:
     fakes = [FakeProvider("canary", api_key=PROVIDER_KEY),
              FakeProvider("second", api_key=SECOND_KEY)]
     with ProviderThread(fakes) as providers:
@@ -56,7 +75,7 @@ providers:
   second: {{base_url: '{providers.base_url("second")}', credential: {{file: {key_file}}}}}
 callers: [{{name: canary-team, token_sha256: {hashlib.sha256(CALLER_TOKEN.encode()).hexdigest()}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
-telemetry: {{sqlite_path: '{workdir / "telemetry.db"}'}}
+telemetry: {telemetry}
 models:
   canary-group:
     strategy: failover
@@ -66,22 +85,41 @@ models:
 """)
         log_path = workdir / "up.log"
         up = UpProcess(["--log-level", "debug", "--config", str(config), "--log-decisions"],
-                       env={"CANARY_KEY": PROVIDER_KEY}, log_path=log_path)
+                       env={"CANARY_KEY": PROVIDER_KEY, **env}, log_path=log_path)
         with up.running():
             places = _exercise(up, providers)
-            places |= _collect(up)
             time.sleep(1.0)  # the access log (50 ms) and the telemetry writer (250 ms)
-            places["telemetry SQLite, every table and column"] = _dump(workdir / "telemetry.db")
+            places |= _collect(up)
+        database = _database(workdir, dsn)
+        places["telemetry database, every table and column"] = _dump(database)
+        # Roll everything up and expire it (as 40 days from now): the rollups, too.
+        TelemetryStore(database, raw_retention_days=1).maintain(time.time() + 40 * 86_400)
+        places["telemetry rollups, every table and column"] = _dump(database)
+        database.close()
         places["sidecar and Envoy log (debug / warning)"] = log_path.read_text()
         places["provider canary received"] = _received(providers, "canary")
         places["provider second received"] = _received(providers, "second")
         yield places
 
 
-def _dump(db: Path) -> str:
-    with sqlite3.connect(db) as conn:
-        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        text = [repr(row) for table in tables for row in conn.execute(f"SELECT * FROM {table}")]
+def _database(workdir: Path, dsn: str | None) -> Database:
+    if dsn is None:
+        return SQLiteDatabase(workdir / "telemetry.db")
+    from sidecar.telemetry.postgres import PostgresDatabase
+
+    return PostgresDatabase(dsn)
+
+
+def _dump(database: Database) -> str:
+    with database.transaction() as cursor:
+        if isinstance(database, SQLiteDatabase):
+            cursor.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        else:
+            cursor.execute("SELECT table_name FROM information_schema.tables "
+                           "WHERE table_schema = 'public'")
+        tables = [t for (t,) in cursor.fetchall()]
+        text = [f"{table}: {row!r}" for table in tables
+                for row in cursor.execute(f"SELECT * FROM {table}").fetchall()]
     assert len(text) > 5, "telemetry rows were written"
     return "\n".join(text)
 
@@ -142,7 +180,8 @@ def _exercise(up: UpProcess, providers: ProviderThread) -> dict[str, str]:
 def _collect(up: UpProcess) -> dict[str, str]:
     places = {}
     with httpx.Client(timeout=10) as client:
-        for path in ("/observations", "/status", "/healthz", "/metrics"):
+        for path in ("/observations", "/status", "/healthz", "/metrics", "/reports/usage",
+                     "/reports/decisions?by=caller", "/reports/fallbacks"):
             places[f"sidecar admin {path}"] = client.get(
                 f"http://127.0.0.1:{up.admin_http_port}{path}").text
         for path in ("/config_dump?include_eds", "/stats", "/stats?format=json",
