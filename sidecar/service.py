@@ -24,6 +24,7 @@ from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.metrics import Metrics
 from sidecar.telemetry.rows import FallbackRow, RequestRow
 from sidecar.telemetry.store import TelemetryStore
+from sidecar.telemetry.traces import RequestSpans
 from sidecar.telemetry.writer import TelemetryWriter
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class Telemetry:
     joiner: Joiner
     metrics: Metrics
     writer: TelemetryWriter
+    spans: RequestSpans | None = None
     sweeper: asyncio.Task[None] | None = None
 
     async def sweep_forever(self, every_s: float = 5.0) -> None:
@@ -50,6 +52,8 @@ class Telemetry:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sweeper
         await asyncio.to_thread(self.writer.close)
+        if self.spans is not None:
+            await asyncio.to_thread(self.spans.close)
 
     def gauges(self) -> dict[str, float]:
         return {"telemetry_pending_joins": float(len(self.joiner)),
@@ -94,16 +98,19 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     writer = TelemetryWriter(rows, queue_size=settings.queue_size,
                              maintenance_interval_s=settings.rollup_interval_minutes * 60).start()
     metrics = Metrics(store)
+    spans = RequestSpans(settings.traces) if settings.traces is not None else None
     prices = {f"{t.provider}/{t.model_ref}": t.pricing
               for group in config.models.values() for t in group.targets if t.pricing}
 
     def emit(row: RequestRow | FallbackRow) -> None:
         metrics.record(row)
         writer.offer(row)
+        if spans is not None and isinstance(row, RequestRow):
+            spans.record(row)
 
     joiner = Joiner(emit, prices, max_pending=settings.max_pending,
                     max_age_s=longest_request_s(config))
-    return Telemetry(joiner, metrics, writer)
+    return Telemetry(joiner, metrics, writer, spans)
 
 
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,

@@ -254,6 +254,22 @@ class Observations(StrictModel):
     refresh_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 1000
 
 
+class Traces(StrictModel):
+    """OpenTelemetry spans of routed requests, sent over OTLP/HTTP (docs/telemetry.md §5)."""
+
+    otlp_endpoint: str
+    service_name: str = "model-group-sidecar"
+    sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        scheme, host, _ = _origin(value)
+        if scheme not in ("http", "https") or not host:
+            raise ValueError("an http(s) URL, e.g. http://127.0.0.1:4318/v1/traces")
+        return value
+
+
 class Telemetry(StrictModel):
     """Joined request rows and fallback rows (docs/telemetry.md). Off until a store is set:
     `sqlite_path` for one sidecar, `postgres_dsn` (a secret: it may hold a password) for
@@ -267,11 +283,15 @@ class Telemetry(StrictModel):
     # Raw rows older than this are deleted once their day is rolled up; rollups stay.
     raw_retention_days: Annotated[PositiveInt, bounded(1, 36_500)] = 30
     rollup_interval_minutes: Annotated[PositiveInt, bounded(1, 1_440)] = 60
+    traces: Traces | None = None
 
     @model_validator(mode="after")
     def _one_store(self) -> Telemetry:
         if self.sqlite_path is not None and self.postgres_dsn is not None:
             raise ValueError("set one of 'sqlite_path' or 'postgres_dsn', not both")
+        if self.traces is not None and not self.enabled:
+            raise ValueError("'traces' are built from the joined rows: set 'sqlite_path' or "
+                             "'postgres_dsn' too")
         return self
 
     @property

@@ -56,6 +56,7 @@ class Pending:
     has_anthropic_version: bool
     stateful_session: bool = False
     request_id: str = ""  # Envoy's x-request-id, for the telemetry join
+    traceparent: str = ""  # W3C trace context, checked at join time (telemetry/rows.py)
 
 
 class Gateway:
@@ -105,7 +106,8 @@ class Gateway:
         if end_of_stream:
             return _error(ClientError(400, "Request body is required (a JSON object)"), anthropic)
         return Pending(caller, dialect, "anthropic-version" in headers,
-                       SESSION_HEADER in headers, headers.get("x-request-id", ""))
+                       SESSION_HEADER in headers, headers.get("x-request-id", ""),
+                       headers.get("traceparent", ""))
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
@@ -139,7 +141,7 @@ class Gateway:
         if self._telemetry is not None and pending.request_id:
             self._telemetry.decided(DecisionFacts(pending.request_id, time.time(),
                                                   pending.caller.name, model, decision,
-                                                  summary))
+                                                  summary, pending.traceparent))
         if isinstance(decision, NoEligibleTarget):
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 

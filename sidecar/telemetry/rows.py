@@ -8,6 +8,7 @@ digests, provider keys or headers (docs/telemetry.md §2).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from sidecar.routing.request import RequestSummary
 from sidecar.routing.signals import request_shape_buckets
 from sidecar.routing.trace import bucket
 
+# W3C trace context, version 00; anything else (or all-zero ids) is not kept.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 # Hard-filter stage that removes targets ignoring a caller's max-token cap.
 MAX_TOKENS_STAGE = "hard_filters.require_honors_max_tokens_when_caller_capped"
 
@@ -34,6 +37,7 @@ class DecisionFacts:
     outcome: Decision | NoEligibleTarget
     # The request's summary, for its shape buckets when the strategy did not compute them.
     summary: RequestSummary | None = None
+    traceparent: str = ""          # as the caller or Envoy sent it; checked at join time
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,7 @@ class RequestRow:
     cached_tokens: int | None
     cost_usd: float | None
     join: str                      # joined | decision_only | log_only | duplicate_id | evicted
+    traceparent: str | None = None  # a valid W3C traceparent only, for linking to traces
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +174,12 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
         cached_tokens=result.cached_tokens if result is not None else None,
         cost_usd=cost_usd(prices.get(serving or ""), result) if result is not None else None,
         join=join,
+        traceparent=_trace(facts.traceparent) if facts is not None else None,
     )
+
+
+def _trace(value: str) -> str | None:
+    return value if len(value) == 55 and _TRACEPARENT.fullmatch(value) else None
 
 
 def _text(value: object) -> str | None:

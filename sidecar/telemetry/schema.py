@@ -57,6 +57,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             to_target TEXT NOT NULL, failure TEXT NOT NULL, transitions BIGINT NOT NULL)""",
         "CREATE INDEX daily_fallbacks_day ON daily_fallbacks (day)",
     )),
+    (3, (  # the W3C traceparent of the request, linking a row to its trace
+        "ALTER TABLE request_rows ADD COLUMN traceparent TEXT",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
