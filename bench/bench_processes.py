@@ -195,11 +195,12 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 
 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
-                  token: str, processes: int = 1) -> tuple[Processes, int]:
+                  token: str, processes: int = 1,
+                  extra_config: str = "") -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
-    spreads the ext_proc streams over them)."""
+    spreads the ext_proc streams over them). `extra_config`: top-level YAML appended."""
     config = workdir / f"sidecar-{strategy}.yaml"
-    config.write_text(sidecar_config(strategy, fast_port, drip_url, token))
+    config.write_text(sidecar_config(strategy, fast_port, drip_url, token) + extra_config)
     listen = free_port()
     grpc_ports = [free_port() for _ in range(processes)]
     token_file = workdir / f"sidecar-{strategy}.grpc-token"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.metrics import Metrics
-from sidecar.telemetry.rows import FallbackRow, RequestRow
+from sidecar.telemetry.rows import FallbackRow, JoinedRequest, RequestRow, RowBuilder
 from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.traces import RequestSpans
 from sidecar.telemetry.writer import TelemetryWriter
@@ -93,22 +94,25 @@ def longest_request_s(config: SidecarConfig) -> float:
 def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     """The join, feeding the writer and the /metrics counters."""
     settings = config.telemetry
-    rows = TelemetryStore(open_database(settings), settings.replica,
-                          settings.raw_retention_days)
-    writer = TelemetryWriter(rows, queue_size=settings.queue_size,
-                             maintenance_interval_s=settings.rollup_interval_minutes * 60).start()
     metrics = Metrics(store)
     spans = RequestSpans(settings.traces) if settings.traces is not None else None
     prices = {f"{t.provider}/{t.model_ref}": t.pricing
               for group in config.models.values() for t in group.targets if t.pricing}
+    build = RowBuilder(prices)
+    observers: list[Callable[[RequestRow | FallbackRow], object]] = [metrics.record]
+    if spans is not None:
+        observers.append(lambda row: spans.record(row) if isinstance(row, RequestRow) else None)
+    # Rows are built, counted and traced on the writer thread, off the event loop.
+    writer = TelemetryWriter(
+        TelemetryStore(open_database(settings), settings.replica, settings.raw_retention_days),
+        queue_size=settings.queue_size, prepare=build, observers=observers,
+        maintenance_interval_s=settings.rollup_interval_minutes * 60).start()
 
-    def emit(row: RequestRow | FallbackRow) -> None:
-        metrics.record(row)
-        writer.offer(row)
-        if spans is not None and isinstance(row, RequestRow):
-            spans.record(row)
+    def emit(item: JoinedRequest | FallbackRow) -> None:
+        if not writer.offer(item):  # full: the row is lost, its counters are not
+            metrics.record(build(item))
 
-    joiner = Joiner(emit, prices, max_pending=settings.max_pending,
+    joiner = Joiner(emit, max_pending=settings.max_pending,
                     max_age_s=longest_request_s(config))
     return Telemetry(joiner, metrics, writer, spans)
 

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+_FIFTHS = ("0.0-0.2", "0.2-0.4", "0.4-0.6", "0.6-0.8", "0.8-1.0")
+
 
 def bucket(value: float) -> str:
     """Coarse fifths for reports: `0.0-0.2` … `0.8-1.0` (values above 1 go to `>1.0`)."""
     if value > 1.0:
         return ">1.0"
-    index = min(4, max(0, int(value * 5)))
-    return f"{index / 5:.1f}-{(index + 1) / 5:.1f}"
+    return _FIFTHS[min(4, max(0, int(value * 5)))]
 
 
 @dataclass

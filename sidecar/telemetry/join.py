@@ -1,41 +1,33 @@
 """The join: a decision (ext_proc) and its outcome (Envoy's access log), by Envoy's request id.
 
 `decided` runs on the request path and is one dict insert; everything else runs when the
-access log arrives or on the periodic sweep. The pending map is bounded twice: by size
-(`max_pending`; the oldest decision is written without its outcome, `evicted`) and by age
-(`max_age_s`, the longest a request can take; then `decision_only`). An outcome with no
-decision (Envoy answered before ext_proc, or the decision was evicted) is written as
-`log_only` (a request no target served and no decision saw, e.g. one refused for its
-token, makes no row); an id decided twice is a collision (`duplicate_id`), never one request.
-Everything is on the sidecar's event loop; the clock is injected.
+access log arrives or on the periodic sweep, and hands the pair on unbuilt
+(`JoinedRequest`): rows are made on the telemetry writer's thread. The pending map is
+bounded twice: by size (`max_pending`; the oldest decision is written without its outcome,
+`evicted`) and by age (`max_age_s`, the longest a request can take; then `decision_only`).
+An outcome with no decision (Envoy answered before ext_proc, or the decision was evicted)
+is written as `log_only` (a request no target served and no decision saw, e.g. one refused
+for its token, makes no row); an id decided twice is a collision (`duplicate_id`), never
+one request. Everything is on the sidecar's event loop; the clock is injected.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from sidecar.config.models import Pricing
 from sidecar.observe.attempts import Transition
-from sidecar.telemetry.rows import (
-    DecisionFacts,
-    FallbackRow,
-    RequestResult,
-    RequestRow,
-    request_row,
-)
+from sidecar.telemetry.rows import DecisionFacts, FallbackRow, JoinedRequest, RequestResult
 
 Clock = Callable[[], float]
-Emit = Callable[[RequestRow | FallbackRow], object]
+Emit = Callable[[JoinedRequest | FallbackRow], object]
 
 
 class Joiner:
-    def __init__(self, emit: Emit, prices: Mapping[str, Pricing], max_pending: int = 65_536,
-                 max_age_s: float = 3600.0, clock: Clock = time.monotonic,
-                 wall_clock: Clock = time.time) -> None:
+    def __init__(self, emit: Emit, max_pending: int = 65_536, max_age_s: float = 3600.0,
+                 clock: Clock = time.monotonic, wall_clock: Clock = time.time) -> None:
         self._emit = emit
-        self._prices = prices
         self._max_pending = max_pending
         self._max_age = max_age_s
         self._clock = clock
@@ -92,4 +84,4 @@ class Joiner:
 
     def _write(self, facts: DecisionFacts | None, result: RequestResult | None,
                join: str) -> None:
-        self._emit(request_row(facts, result, self._prices, join, at=self._wall()))
+        self._emit(JoinedRequest(facts, result, join, self._wall()))

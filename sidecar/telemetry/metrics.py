@@ -1,7 +1,7 @@
 """`/metrics`: Prometheus metrics of routing, observations and the sidecar itself
 (docs/telemetry.md §5), with `prometheus_client` on the sidecar's own registry.
 
-Counters move when a request's row is joined (off the request path); gauges are read at
+Counters move when a request's row is made (on the telemetry writer's thread); gauges are read at
 scrape time from the observation store, the telemetry writer, the join and the gRPC port.
 Labels are configuration names and fixed enums only (group, target, strategy, status
 class, stage, outcome): their number is bounded by the configuration. No caller names,
@@ -33,6 +33,7 @@ class Metrics:
     def __init__(self, store: ObservationStore) -> None:
         self._gauges: list[Callable[[], dict[str, float]]] = []
         self._by_group: list[tuple[str, str, Callable[[], dict[str, float]]]] = []
+        self._children: dict[tuple[object, ...], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self._decisions = Counter(
             "sidecar_decisions", "routed requests by group, strategy, selected target and "
@@ -63,20 +64,29 @@ class Metrics:
         self._by_group.append((name, text, read))
 
     def record(self, row: RequestRow | FallbackRow) -> None:
-        """Count one joined row (the join's emit, beside the writer)."""
+        """Count one joined row (on the telemetry writer's thread)."""
         if isinstance(row, FallbackRow):
-            self._fallbacks.labels(row.group, row.from_target, row.to_target,
-                                   row.failure).inc()
+            self._child(self._fallbacks, row.group, row.from_target, row.to_target,
+                        row.failure).inc()
             return
         if not row.strategy:  # log-only: no decision to count
             return
-        self._decisions.labels(row.group, row.strategy, row.selected_target or "none",
-                               row.status_class).inc()
-        self._affinity.labels(row.group, row.affinity).inc()
+        self._child(self._decisions, row.group, row.strategy, row.selected_target or "none",
+                    row.status_class).inc()
+        self._child(self._affinity, row.group, row.affinity).inc()
         for pair in row.exclusions.split(",") if row.exclusions else ():
             target, _, stage = pair.partition(":")
             if stage.startswith("thresholds."):
-                self._exclusions.labels(row.group, target, stage).inc()
+                self._child(self._exclusions, row.group, target, stage).inc()
+
+    def _child(self, counter: Counter, *labels: str) -> Any:
+        """`counter.labels(...)`, remembered: labels come from the configuration, so the
+        cache is as bounded as the metric's own label sets."""
+        key = (id(counter), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        return child
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -109,6 +109,31 @@ class FallbackRow:
     failure: str
 
 
+@dataclass(slots=True)
+class JoinedRequest:
+    """A decision and/or its outcome, paired by the join and not yet made into a row: the
+    row is built on the writer thread, off the event loop (`RowBuilder`)."""
+
+    facts: DecisionFacts | None
+    result: RequestResult | None
+    join: str
+    at: float
+
+
+class RowBuilder:
+    """Makes the rows the join hands over, with the configured prices."""
+
+    __slots__ = ("_prices",)
+
+    def __init__(self, prices: Mapping[str, Pricing]) -> None:
+        self._prices = prices
+
+    def __call__(self, item: JoinedRequest | FallbackRow) -> RequestRow | FallbackRow:
+        if isinstance(item, FallbackRow):
+            return item
+        return request_row(item.facts, item.result, self._prices, item.join, item.at)
+
+
 def status_class(status: int | None) -> str:
     if status is None or status <= 0:
         return "unknown"

@@ -11,7 +11,7 @@ from sidecar.config.models import Pricing
 from sidecar.routing.decision import Decision
 from sidecar.routing.router import Router
 from sidecar.telemetry.join import Joiner
-from sidecar.telemetry.rows import DecisionFacts, RequestResult, RequestRow
+from sidecar.telemetry.rows import DecisionFacts, RequestResult, RequestRow, RowBuilder
 from tests.unit.routing.helpers import config, request, snapshot, warm
 
 GROUP = config("""
@@ -54,8 +54,9 @@ def result(request_id: str, **fields) -> RequestResult:
 def joiner(**kw) -> tuple[Joiner, list[RequestRow], Clock]:
     rows: list[RequestRow] = []
     clock = Clock()
-    return Joiner(rows.append, PRICES, clock=clock, wall_clock=lambda: 1_700_000_500.0,
-                  **kw), rows, clock
+    build = RowBuilder(PRICES)
+    return Joiner(lambda item: rows.append(build(item)), clock=clock,
+                  wall_clock=lambda: 1_700_000_500.0, **kw), rows, clock
 
 
 def test_a_decision_and_its_outcome_make_one_row_with_buckets_usage_and_cost() -> None:

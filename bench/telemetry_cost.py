@@ -1,0 +1,108 @@
+"""Telemetry on versus off (issue #15): the routed request path through real Envoy and the
+real sidecar (SPEC dynamic_score group), with telemetry off and with telemetry on (SQLite),
+rows alternating round by round in one run, all on loopback.
+
+Per row, as in side_by_side.py: requests/s at concurrency 32, p50/p99 latency at
+concurrency 1 and 32, stream time to first event, CPU seconds per 1,000 requests of Envoy
+and of the sidecar. The noise is the spread between rounds of the same row; the report
+sets the on/off difference beside it, and checks that the "on" rows wrote one joined row
+per request.
+
+Usage:  .venv/bin/python bench/telemetry_cost.py [--rounds 3] [--seconds 5] [--output F]
+        (wrk from Debian's package must be installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_processes import TOKEN, fast_provider, sidecar_stack, wait_http
+from mode_runner import publish
+from side_by_side import CHAT_PATH, EVENT_SPACING_MS, STREAM_EVENTS, Row, Started, measure
+
+from sidecar.devstack.harness import ProviderThread
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+KEYS = ("rps_c32", "p50_c1", "p99_c1", "p50_c32", "p99_c32", "ttfb_p50", "cpu_sidecar",
+        "cpu_envoy")
+
+
+def rows(fast_port: int, drip: ProviderThread, workdir: Path) -> list[Row]:
+    drip_url = drip.base_url("drip")
+
+    def sidecar(telemetry: str) -> Callable[[Path], Started]:
+        def start(work: Path) -> Started:
+            processes, port = sidecar_stack(work, "dynamic_score", fast_port, drip_url, TOKEN,
+                                            extra_config=telemetry)
+            return Started(processes, port, "adaptive-agent", port, CHAT_PATH, "stream-group")
+        return start
+
+    db = workdir / "telemetry.db"
+    return [Row("telemetry off", sidecar("")),
+            Row("telemetry on (SQLite)", sidecar(f"telemetry: {{sqlite_path: '{db}'}}\n"))]
+
+
+def spread(values: list[float]) -> float:
+    return max(values) - min(values) if len(values) > 1 else 0.0
+
+
+def report(table: list[Row], rounds: int, seconds: float, written: int) -> str:
+    off, on = table
+    lines = [f"## Telemetry on vs off: {rounds} alternating rounds, {seconds:g} s per load "
+             "phase", "",
+             "| figure | off (median; spread) | on (median; spread) | on − off | on / off |",
+             "| --- | --- | --- | --- | --- |"]
+    verdicts = []
+    for key in KEYS:
+        a = [r[key] for r in off.results]
+        b = [r[key] for r in on.results]
+        ma, mb = statistics.median(a), statistics.median(b)
+        noise = max(spread(a), spread(b))
+        lines.append(f"| {key} | {ma:.3f}; ±{spread(a):.3f} | {mb:.3f}; ±{spread(b):.3f} | "
+                     f"{mb - ma:+.3f} | {mb / ma if ma else float('nan'):.3f} |")
+        verdicts.append(f"{key}: {'within' if abs(mb - ma) <= noise else 'outside'} the "
+                        f"round-to-round spread ({abs(mb - ma):.3f} vs {noise:.3f})")
+    lines += ["", *(f"- {v}" for v in verdicts), "",
+              f"Rows written by the 'on' sidecars: {written:,} request rows.",
+              "CPU figures are seconds per 1,000 requests (`cpu_sidecar` is the sidecar "
+              "process, its writer thread included). Streams: "
+              f"{STREAM_EVENTS} events {EVENT_SPACING_MS:g} ms apart."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--streams", type=int, default=30)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))
+    drip = FakeProvider("drip", behaviour=Behaviour(
+        inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
+    with ProviderThread([drip]) as drip_server, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        provider, fast_port = fast_provider(workdir)
+        try:
+            wait_http(fast_port, CHAT_PATH)
+            table = rows(fast_port, drip_server, workdir)
+            for _ in range(args.rounds):
+                for row in table:
+                    row.results.append(measure(row, workdir, args.seconds, args.streams))
+                    time.sleep(0.5)
+        finally:
+            provider.stop()
+        with sqlite3.connect(workdir / "telemetry.db") as db:
+            written = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
+    publish(report(table, args.rounds, args.seconds, written), args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
