@@ -152,3 +152,27 @@ def test_maintenance_runs_on_the_writer_thread_on_schedule_and_survives_errors()
     assert set(calls) == {"telemetry-writer"}
     assert writer.maintenance_runs["error"] == 1 and writer.maintenance_runs["ok"] >= 2
     assert writer.written == 1
+
+
+def test_rows_are_made_and_observed_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
+    seen: list[tuple[str, str]] = []
+    written: list[int] = []
+
+    class Counting(StalledStore):
+        def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+            written.append(len(requests))
+
+    def prepare(n: int) -> RequestRow:
+        if n == 3:
+            raise ValueError("a bug in row building")
+        return row(n)
+
+    writer = TelemetryWriter(Counting(), flush_interval_s=0.01, prepare=prepare,
+                             observers=[lambda r: seen.append(
+                                 (threading.current_thread().name, r.request_id))]).start()
+    for n in range(50):
+        assert writer.offer(n)
+    wait_for(lambda: sum(written) == 49)
+    writer.close()
+    assert {name for name, _ in seen} == {"telemetry-writer"}
+    assert len(seen) == 49 and ("telemetry-writer", "r3") not in seen
