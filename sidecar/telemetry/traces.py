@@ -4,8 +4,8 @@ One span per joined request row, made when the row is joined (never on the reque
 with the request's own start and end times, parented on the W3C `traceparent` the request
 carried (checked in rows.py). Attributes follow the GenAI semantic conventions plus the
 decision's buckets; like the rows, they are configuration names, bucket names and numbers,
-never prompt text. The SDK's batch processor exports over OTLP/HTTP from its own thread,
-with a bounded queue that drops (and the SDK counts) rather than waits.
+never prompt text. The SDK's batch processor exports over OTLP/HTTP (JSON encoding,
+otlp_json.py) from its own thread, with a bounded queue that drops rather than waits.
 
 Needs the `otel` extra: `pip install 'model-group-sidecar[otel]'`.
 """
@@ -38,9 +38,9 @@ class RequestSpans:
             raise TracesUnavailable("telemetry.traces needs OpenTelemetry: pip install "
                                     "'model-group-sidecar[otel]'") from None
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from sidecar.telemetry.otlp_json import OtlpJsonExporter
 
-            exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=5)
+            exporter = OtlpJsonExporter(settings.otlp_endpoint)
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": settings.service_name}),
             sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))

@@ -1,11 +1,12 @@
 """OpenTelemetry spans through the real stack (issue #15): a request sent with a W3C
 traceparent through real Envoy yields one span in that trace, exported over OTLP/HTTP to a
-collector (the test's own, decoding the real OTLP protobuf), with the GenAI attributes of
-the decision and its outcome, and without any prompt text."""
+collector (the test's own, reading OTLP's JSON encoding), with the GenAI attributes of the
+decision and its outcome, and without any prompt text."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from sidecar.devstack.harness import keyed_stack
 from sidecar.devstack.providers import FakeProvider
@@ -41,7 +41,7 @@ models:
 
 
 class Collector(ThreadingHTTPServer):
-    """Receives OTLP/HTTP protobuf exports on loopback and keeps the raw bodies."""
+    """Receives OTLP/HTTP JSON exports on loopback and keeps the raw bodies."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
@@ -50,10 +50,11 @@ class Collector(ThreadingHTTPServer):
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
-                if self.path == "/v1/traces":
+                if (self.path == "/v1/traces"
+                        and self.headers["content-type"] == "application/json"):
                     collector.bodies.append(body)
                 self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-type", "application/json")
                 self.send_header("content-length", "0")
                 self.end_headers()
 
@@ -65,10 +66,9 @@ class Collector(ThreadingHTTPServer):
     def spans(self) -> list:
         found = []
         for body in self.bodies:
-            request = ExportTraceServiceRequest.FromString(body)
-            for resource in request.resource_spans:
-                for scope in resource.scope_spans:
-                    found.extend((resource.resource, span) for span in scope.spans)
+            for resource in json.loads(body)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    found.extend((resource["resource"], span) for span in scope["spans"])
         return found
 
 
@@ -98,16 +98,18 @@ def test_a_span_in_the_callers_trace_with_genai_attributes(
         while not collector.spans() and time.monotonic() < deadline:
             time.sleep(0.05)
     (resource, span), = collector.spans()
-    assert span.trace_id.hex() == TRACE
-    assert span.parent_span_id.hex() == "00f067aa0ba902b7"
-    attributes = {a.key: a.value for a in span.attributes}
-    assert attributes["gen_ai.request.model"].string_value == "chat"
-    assert attributes["gen_ai.response.model"].string_value == "good-model"
-    assert attributes["gen_ai.provider.name"].string_value == "good"
-    assert attributes["gen_ai.usage.input_tokens"].int_value == reply.usage.prompt_tokens
-    assert attributes["gen_ai.usage.output_tokens"].int_value == reply.usage.completion_tokens
-    assert attributes["http.response.status_code"].int_value == 200
-    assert {a.key: a.value.string_value for a in resource.attributes}["service.name"] == "e2e"
-    assert span.end_time_unix_nano > span.start_time_unix_nano
+    assert span["traceId"] == TRACE and span["parentSpanId"] == "00f067aa0ba902b7"
+    assert span["kind"] == 3  # CLIENT
+    attributes = {a["key"]: a["value"] for a in span["attributes"]}
+    assert attributes["gen_ai.request.model"] == {"stringValue": "chat"}
+    assert attributes["gen_ai.response.model"] == {"stringValue": "good-model"}
+    assert attributes["gen_ai.provider.name"] == {"stringValue": "good"}
+    assert attributes["gen_ai.usage.input_tokens"] == {"intValue": str(reply.usage.prompt_tokens)}
+    assert attributes["gen_ai.usage.output_tokens"] == {
+        "intValue": str(reply.usage.completion_tokens)}
+    assert attributes["http.response.status_code"] == {"intValue": "200"}
+    assert {a["key"]: a["value"]["stringValue"] for a in resource["attributes"]
+            if "stringValue" in a["value"]}["service.name"] == "e2e"
+    assert int(span["endTimeUnixNano"]) > int(span["startTimeUnixNano"])
     for body in collector.bodies:
         assert PROMPT.encode() not in body and TOKEN.encode() not in body

@@ -97,3 +97,21 @@ def test_traces_need_a_store() -> None:
         Telemetry(traces=Traces(otlp_endpoint="http://127.0.0.1:4318/v1/traces"))
     with pytest.raises(ValueError, match="http"):
         Traces(otlp_endpoint="127.0.0.1:4318")
+
+
+def test_spans_are_encoded_in_otlp_json() -> None:
+    from sidecar.telemetry.otlp_json import encode
+
+    (span,) = spans_of(joined(status=502, error="server_error"))
+    document = encode([span])
+    (resource,) = document["resourceSpans"]
+    assert {"key": "service.name", "value": {"stringValue": "model-group-sidecar"}} in (
+        resource["resource"]["attributes"])
+    (encoded,) = resource["scopeSpans"][0]["spans"]
+    assert encoded["traceId"] == TRACE and encoded["parentSpanId"] == "00f067aa0ba902b7"
+    assert len(encoded["spanId"]) == 16 and encoded["kind"] == 3
+    assert encoded["startTimeUnixNano"] == "1767225600500000000"
+    assert encoded["status"] == {"code": 2, "message": "server_error"}
+    values = {a["key"]: a["value"] for a in encoded["attributes"]}
+    assert values["gen_ai.usage.input_tokens"] == {"intValue": "40"}
+    assert values["gen_ai.request.model"] == {"stringValue": "chat"}
