@@ -1,0 +1,40 @@
+"""Dialect bridges: a request in one API dialect served by a target of another
+(docs/dialects.md). Pure translators on parsed JSON, one per ordered dialect pair
+(registry.py); what a target cannot express raises `Untranslatable`, never a silent loss.
+"""
+
+from __future__ import annotations
+
+
+class Untranslatable(ValueError):
+    """A field of the request (or answer) has no faithful equivalent in the other dialect.
+
+    `field` is its path in the caller's body (`messages[2].content[0].type`), `reason` what
+    the target lacks; both are safe to show the caller (no values, only names)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        field = field[:120] or "''"  # unknown keys are the caller's own text: kept short
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class UnreadableAnswer(ValueError):
+    """The upstream answer is not what its dialect promises: the caller gets a 502."""
+
+
+def joined_text(content: object, where: str, separator: str, reason: str) -> str:
+    """A string, or a list of text parts/blocks joined (both dialects use
+    `{"type": "text", "text": ...}`); anything else in the list is untranslatable."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise Untranslatable(f"{where}[{j}]", reason)
+            texts.append(str(part.get("text", "")))
+        return separator.join(texts)
+    raise Untranslatable(where, "a string or a list of text parts is required")

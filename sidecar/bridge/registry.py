@@ -1,0 +1,59 @@
+"""Which dialect pairs can be bridged, and the translator for each (docs/dialects.md §1).
+
+A translator is three pure steps: the caller's request body into the target's, the
+target's unary answer into the caller's, and the target's error into the caller's. Adding a
+dialect means adding its translators here; nothing else learns the pairs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.apis import Dialect
+from sidecar.bridge import chat_to_messages, messages_to_chat
+from sidecar.bridge.errors import translated_error
+
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Translator:
+    caller: Dialect
+    target: Dialect
+    _request: Callable[[Body], dict[str, Any]]
+    _response: Callable[[Body, str, Callable[[], float]], dict[str, Any]]
+
+    def request(self, body: Body) -> dict[str, Any]:
+        """Raises `Untranslatable` naming the field the target cannot express."""
+        return self._request(body)
+
+    def response(self, answer: Body, model: str,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+        """Raises `UnreadableAnswer` when the target's answer is not in its dialect."""
+        return self._response(answer, model, clock)
+
+    def error(self, status: int, body: bytes) -> tuple[int, bytes]:
+        return translated_error(status, body, self.caller)
+
+
+_TRANSLATORS = {
+    (Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES): Translator(
+        Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES, chat_to_messages.request,
+        chat_to_messages.response),
+    (Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT): Translator(
+        Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT, messages_to_chat.request,
+        lambda answer, model, _clock: messages_to_chat.response(answer, model)),
+}
+
+
+def translator_for(caller: Dialect, target: Dialect) -> Translator | None:
+    """The bridge from `caller` to `target`; None when the pair is not bridged (or needs
+    no bridge: the same dialect)."""
+    return _TRANSLATORS.get((caller, target))
+
+
+def bridged_pairs() -> frozenset[tuple[Dialect, Dialect]]:
+    return frozenset(_TRANSLATORS)
