@@ -142,8 +142,9 @@ Modality = Literal["text", "image"]
 class Target(StrictModel):
     """One provider model in a group. Capability fields are tri-state: `null` (the default)
     means unknown, which the baseline eligibility rules tolerate and the dynamic-score hard
-    filters do not. The tags `tool_capable`, `vision` and `reasoning` stand in for unknown
-    `supports_tools`, `input_modalities: [text, image]` and `supports_reasoning`."""
+    filters do not. The tags `tool_capable`, `vision`, `reasoning` and `structured_output`
+    stand in for unknown `supports_tools`, `input_modalities: [text, image]`,
+    `supports_reasoning` and `supports_structured_output`."""
 
     provider: NonBlank
     model_ref: NonBlank
@@ -154,6 +155,8 @@ class Target(StrictModel):
     input_modalities: list[Modality] | None = None
     supports_tools: bool | None = None
     supports_reasoning: bool | None = None
+    # JSON mode / JSON schema output (`response_format`, `text.format`, `output_config`)
+    supports_structured_output: bool | None = None
     honors_max_tokens: bool = True
     context_window: PositiveInt | None = None
     evaluation: Evaluation | None = None

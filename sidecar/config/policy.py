@@ -58,6 +58,7 @@ class HardFilters(StrictModel):
     require_tool_support_when_tools_present: bool = True
     require_honors_max_tokens_when_caller_capped: bool = True
     require_reasoning_support_when_requested: bool = False
+    require_structured_output_support_when_requested: bool = True
 
 
 class Signal(StrictModel):

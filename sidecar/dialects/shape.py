@@ -29,6 +29,8 @@ class RequestShape:
     max_tokens_cap: int | None
     prompt_chars: int
     prompt_sample: str
+    # `json_object` or `json_schema` when the caller asked for structured output
+    structured_output: str | None = None
 
     def summary(self, group: str, caller: str, dialect: Dialect,
                 spend_ceiling_usd: float | None = None,
@@ -40,6 +42,7 @@ class RequestShape:
             reasoning=self.reasoning, max_tokens_cap=self.max_tokens_cap,
             prompt_chars=self.prompt_chars, prompt_sample=self.prompt_sample,
             spend_ceiling_usd=spend_ceiling_usd, conversation_key=conversation_key,
+            structured_output=self.structured_output,
         )
 
 
@@ -49,11 +52,14 @@ def request_shape(dialect: Dialect, payload: dict[str, Any], scan_limit: int) ->
         reasoning = _anthropic_thinking(payload.get("thinking"))
         cap = _positive_int(payload.get("max_tokens"))
         forced = _dict(payload.get("tool_choice")).get("type") in ("any", "tool")
+        output = (_dict(_dict(payload.get("output_config")).get("format"))
+                  or _dict(payload.get("output_format")))
     elif dialect is Dialect.OPENAI_RESPONSES:
         turns = _responses_turns(payload)
         reasoning = _effort(_dict(payload.get("reasoning")).get("effort"))
         cap = _positive_int(payload.get("max_output_tokens"))
         forced = _openai_forced(payload.get("tool_choice"))
+        output = _dict(_dict(payload.get("text")).get("format"))
     else:
         turns = _chat_turns(payload)
         reasoning = _effort(payload.get("reasoning_effort")) or _effort(
@@ -62,6 +68,7 @@ def request_shape(dialect: Dialect, payload: dict[str, Any], scan_limit: int) ->
                or _positive_int(payload.get("max_tokens")))
         forced = (_openai_forced(payload.get("tool_choice"))
                   or isinstance(payload.get("function_call"), dict))
+        output = _dict(payload.get("response_format"))
     has_tools = _non_empty_list(payload.get("tools")) or _non_empty_list(payload.get("functions"))
     total, images, sample = _measure(turns, scan_limit)
     return RequestShape(
@@ -73,10 +80,18 @@ def request_shape(dialect: Dialect, payload: dict[str, Any], scan_limit: int) ->
         max_tokens_cap=cap,
         prompt_chars=total,
         prompt_sample=sample,
+        structured_output=_structured(output.get("type")),
     )
 
 
 # --- helpers shared by the dialects ------------------------------------------------------
+
+def _structured(kind: Any) -> str | None:
+    """JSON mode or a JSON schema: the formats that constrain the output (`text` does not).
+    Chat's `response_format`, Responses' `text.format`, Messages' `output_config.format`
+    (and the older beta `output_format`) all name them alike."""
+    return kind if kind in ("json_object", "json_schema") else None
+
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}

@@ -8,6 +8,7 @@ from sidecar.config.models import Target
 TOOL_TAG = "tool_capable"
 VISION_TAG = "vision"
 REASONING_TAG = "reasoning"
+STRUCTURED_OUTPUT_TAG = "structured_output"
 
 
 def tool_support(target: Target) -> bool | None:
@@ -34,6 +35,12 @@ def reasoning_support(target: Target) -> bool | None:
     if target.supports_reasoning is not None:
         return target.supports_reasoning
     return True if REASONING_TAG in target.tags else None
+
+
+def structured_output_support(target: Target) -> bool | None:
+    if target.supports_structured_output is not None:
+        return target.supports_structured_output
+    return True if STRUCTURED_OUTPUT_TAG in target.tags else None
 
 
 def eval_quality(target: Target) -> float | None:

@@ -3,7 +3,8 @@
 Each rule is a small function named after what it enforces; it returns True when the target
 may serve the request. As the SPEC has it, image and reasoning requests need matching
 *declared* metadata (unknown is not enough), while a tool request needs compatible tool
-passthrough, which only a declared `supports_tools: false` rules out. The hard filters are
+passthrough, which only a declared `supports_tools: false` rules out; structured output
+(JSON mode, JSON schema) needs declared `supports_structured_output`. The hard filters are
 the policy-declared versions; `require_tool_support_when_tools_present` is the one that is
 stricter than its baseline (it wants tool support declared). When a dynamic-score group
 enables a hard filter, its exclusions are reported under the filter's config key; otherwise
@@ -17,7 +18,12 @@ from collections.abc import Callable, Sequence
 from sidecar.apis import Dialect
 from sidecar.config.models import Target
 from sidecar.config.policy import HardFilters
-from sidecar.routing.capabilities import accepts_images, reasoning_support, tool_support
+from sidecar.routing.capabilities import (
+    accepts_images,
+    reasoning_support,
+    structured_output_support,
+    tool_support,
+)
 from sidecar.routing.request import RequestSummary
 
 Rule = Callable[[RequestSummary, Target, Sequence[Dialect]], bool]
@@ -44,6 +50,12 @@ def reasoning_metadata(request: RequestSummary, target: Target, _: Sequence[Dial
 
 def honors_max_tokens(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
     return request.max_tokens_cap is None or target.honors_max_tokens
+
+
+def structured_output(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    """JSON mode or a JSON schema needs a target that declares it (unknown is not enough:
+    a target that ignores the format answers free text the caller's parser rejects)."""
+    return request.structured_output is None or structured_output_support(target) is True
 
 
 # --- hard filters (dynamic_score, policy-declared) ----------------------------------------
@@ -73,6 +85,11 @@ def require_reasoning_support_when_requested(request: RequestSummary, target: Ta
     return not request.reasoning_requested or reasoning_support(target) is True
 
 
+def require_structured_output_support_when_requested(
+        request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+    return request.structured_output is None or structured_output_support(target) is True
+
+
 # (baseline rule, the hard filter on the same subject)
 PAIRS: tuple[tuple[Rule, Rule], ...] = (
     (api_skin, require_requested_api_skin),
@@ -80,6 +97,7 @@ PAIRS: tuple[tuple[Rule, Rule], ...] = (
     (tool_passthrough, require_tool_support_when_tools_present),
     (honors_max_tokens, require_honors_max_tokens_when_caller_capped),
     (reasoning_metadata, require_reasoning_support_when_requested),
+    (structured_output, require_structured_output_support_when_requested),
 )
 
 
@@ -91,6 +109,7 @@ _CALLER_WORDS = (
     "tool use needs a target with tool support",
     "an explicit max-token cap needs a target that honors it",
     "reasoning/thinking needs a target with reasoning support",
+    "structured output (JSON mode or a JSON schema) needs a target that declares support",
 )
 CALLER_WORDS: dict[str, str] = {
     f"{prefix}.{rule.__name__}": words

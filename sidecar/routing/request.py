@@ -38,6 +38,8 @@ class RequestSummary:
     # SHA-256 of the normalized conversation opening (dialects/conversation.py); None when
     # the request has no conversation or belongs to an explicit stateful session.
     conversation_key: bytes | None = field(default=None, repr=False)
+    # `json_object` or `json_schema` when the caller asked for structured output
+    structured_output: str | None = None
 
     @property
     def reasoning_requested(self) -> bool:

@@ -88,6 +88,7 @@ def request_shape_buckets(request: RequestSummary) -> dict[str, str | bool]:
         "tools": "forced" if request.tool_forced else ("present" if request.has_tools else "none"),
         "images": request.has_images,
         "reasoning": request.reasoning_requested,
+        "structured_output": request.structured_output or "none",
         "max_tokens_cap": cap_bucket(request.max_tokens_cap),
         "input_size": size_bucket(request.estimated_input_tokens),
     }

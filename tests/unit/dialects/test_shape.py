@@ -105,3 +105,23 @@ JSON = st.recursive(
 def test_any_json_object_is_read_without_raising(payload: dict, dialect: Dialect) -> None:
     s = request_shape(dialect, payload, 256)
     assert s.prompt_chars >= 0 and len(s.prompt_sample.encode()) <= 256
+
+
+@pytest.mark.parametrize(("dialect", "payload", "expected"), [
+    (Dialect.OPENAI_CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}}, "json_schema"),
+    (Dialect.OPENAI_CHAT, {"response_format": {"type": "json_object"}}, "json_object"),
+    (Dialect.OPENAI_CHAT, {"response_format": {"type": "text"}}, None),
+    (Dialect.OPENAI_CHAT, {"response_format": "json"}, None),
+    (Dialect.OPENAI_RESPONSES, {"text": {"format": {"type": "json_schema", "name": "x",
+                                                    "schema": {}}}}, "json_schema"),
+    (Dialect.ANTHROPIC_MESSAGES, {"output_config": {"format": {"type": "json_schema",
+                                                               "schema": {}}}}, "json_schema"),
+    (Dialect.ANTHROPIC_MESSAGES, {"output_format": {"type": "json_schema", "schema": {}}},
+     "json_schema"),
+    (Dialect.ANTHROPIC_MESSAGES, {"output_config": {"effort": "high"}}, None),
+])
+def test_structured_output_is_read_from_each_dialects_field(dialect, payload, expected) -> None:
+    shape = request_shape(dialect, {"model": "g", "messages": [], **payload}, 1024)
+    assert shape.structured_output == expected
+    assert shape.summary("g", "c", dialect).structured_output == expected

@@ -12,10 +12,12 @@ from tests.unit.routing.helpers import config, decide, excluded, refuse, request
 TARGETS = """
     targets:
       - {provider: p, model_ref: declared, weight: 1, supports_tools: true,
-         input_modalities: [text, image], supports_reasoning: true}
+         input_modalities: [text, image], supports_reasoning: true,
+         supports_structured_output: true}
       - {provider: p, model_ref: unknown, weight: 1}
       - {provider: p, model_ref: denied, weight: 1, supports_tools: false,
-         input_modalities: [text], supports_reasoning: false, honors_max_tokens: false}
+         input_modalities: [text], supports_reasoning: false, honors_max_tokens: false,
+         supports_structured_output: false}
       - {provider: anth-only, model_ref: other-api, weight: 1}
 """
 WEIGHTED = config("  g:\n    strategy: weighted" + TARGETS)
@@ -65,8 +67,12 @@ def test_require_tool_support_tag_shorthand() -> None:
     ({"has_images": True}, "eligibility.image_modality", "require_input_modalities"),
     ({"reasoning": Reasoning(effort="high")}, "eligibility.reasoning_metadata",
      "require_reasoning_support_when_requested"),
+    ({"structured_output": "json_schema"}, "eligibility.structured_output",
+     "require_structured_output_support_when_requested"),
+    ({"structured_output": "json_object"}, "eligibility.structured_output",
+     "require_structured_output_support_when_requested"),
 ])
-def test_image_and_reasoning_need_declared_metadata_in_every_strategy(shape, baseline, hard):
+def test_declared_metadata_is_needed_in_every_strategy(shape, baseline, hard):
     for cfg, stage in ((WEIGHTED, baseline), (dynamic(**{hard: False}), baseline),
                        (dynamic(**{hard: True}), f"hard_filters.{hard}")):
         decision = decide(cfg, request(**shape))
@@ -124,3 +130,20 @@ def test_a_contract_refusal_is_not_mistaken_for_an_image_one() -> None:
     targets: [{provider: p, model_ref: x, input_modalities: [text]}]
 """)
     assert refuse(cfg, request()).reason.endswith("the group's contract excludes the rest.")
+
+
+def test_structured_output_tag_shorthand_and_caller_words() -> None:
+    cfg = config("""
+  g:
+    targets:
+      - {provider: p, model_ref: tagged, tags: [structured_output]}
+      - {provider: p, model_ref: untagged}
+""")
+    assert served(cfg, structured_output="json_schema") == {"tagged"}
+    assert served(cfg) == {"tagged", "untagged"}
+    plain = config("""
+  g:
+    targets: [{provider: p, model_ref: untagged}]
+""")
+    assert "structured output (JSON mode or a JSON schema) needs a target that declares" in (
+        refuse(plain, request(structured_output="json_object")).reason)

@@ -52,10 +52,11 @@ def test_tool_agent_from_tools_present() -> None:
 
 def test_request_shape_buckets() -> None:
     buckets = request_shape_buckets(request(stream=True, has_tools=True, tool_forced=True,
-                                            max_tokens_cap=1, prompt_chars=40_000))
+                                            max_tokens_cap=1, prompt_chars=40_000,
+                                            structured_output="json_schema"))
     assert buckets == {"dialect": "openai_chat", "stream": True, "tools": "forced",
-                       "images": False, "reasoning": False, "max_tokens_cap": "tiny",
-                       "input_size": "large"}
+                       "images": False, "reasoning": False, "structured_output": "json_schema",
+                       "max_tokens_cap": "tiny", "input_size": "large"}
 
 
 @pytest.mark.parametrize(("shape", "features", "bucket", "points"), [
