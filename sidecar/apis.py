@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# The Messages API version the gateway sends when a caller (or a bridge) gives none.
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
 
 class Dialect(StrEnum):
     OPENAI_CHAT = "openai_chat"

@@ -27,6 +27,18 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 def target_cluster_name(group: str, index: int, provider: str) -> str:
     return f"target__{_UNSAFE.sub('_', group)}__{index}__{_UNSAFE.sub('_', provider)}"
 
+
+def bridge_cluster_name(group: str, index: int, provider: str, caller: str) -> str:
+    """The same target, reached from callers of another API through a bridge."""
+    return f"{target_cluster_name(group, index, provider)}__from_{caller}"
+
+
+# Set by the router-level decision in groups with bridges: the caller's API, which a retry
+# cannot read from its path once a bridged attempt rewrote it. It reaches the provider too
+# (it names only the caller's API): header changes carry over between attempts, so a
+# cluster that stripped it would hide it from the next attempt.
+CALLER_API_HEADER = "x-sidecar-caller-api"
+
 # Observations: the gRPC access log's name, and where Envoy puts the provider's usage.
 ACCESS_LOG_NAME = "sidecar_observations"
 ATTEMPT_LOG_NAME = "sidecar_attempts"

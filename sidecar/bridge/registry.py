@@ -57,3 +57,17 @@ def translator_for(caller: Dialect, target: Dialect) -> Translator | None:
 
 def bridged_pairs() -> frozenset[tuple[Dialect, Dialect]]:
     return frozenset(_TRANSLATORS)
+
+
+def bridged_callers(native: tuple[Dialect, ...] | list[Dialect]) -> tuple[Dialect, ...]:
+    """Caller dialects that reach a target speaking `native` only through a bridge."""
+    return tuple(caller for caller in Dialect if caller not in native
+                 and any((caller, target) in _TRANSLATORS for target in native))
+
+
+def bridge_target(caller: Dialect, native: tuple[Dialect, ...] | list[Dialect]) -> Dialect | None:
+    """The dialect a bridge from `caller` speaks to a target of `native` (its first bridged
+    one); None when `caller` is native there or no bridge reaches it."""
+    if caller in native:
+        return None
+    return next((target for target in native if (caller, target) in _TRANSLATORS), None)

@@ -208,6 +208,19 @@ class ModelGroup(StrictModel):
     contract: Contract | None = None
     routing_policy: RoutingPolicy = RoutingPolicy()
     fallback: Fallback = Fallback()
+    # Let callers of one API reach targets of another through a bridge (docs/dialects.md).
+    # Off by default: a bridge translates, and some fields cannot cross (then the target is
+    # ineligible for that request).
+    bridges: bool = False
+
+    @model_validator(mode="after")
+    def _bridges_need_no_native_filter(self) -> ModelGroup:
+        if (self.bridges and self.strategy == "dynamic_score"
+                and self.dynamic_score.hard_filters.require_requested_api_skin):
+            raise ValueError("bridges: true needs routing_policy.dynamic_score.hard_filters."
+                             "require_requested_api_skin: false (that filter keeps every "
+                             "request on targets of its own API)")
+        return self
 
     @property
     def dynamic_score(self) -> DynamicScorePolicy:

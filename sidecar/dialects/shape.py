@@ -34,7 +34,8 @@ class RequestShape:
 
     def summary(self, group: str, caller: str, dialect: Dialect,
                 spend_ceiling_usd: float | None = None,
-                conversation_key: bytes | None = None) -> RequestSummary:
+                conversation_key: bytes | None = None,
+                bridge_refusal: str | None = None) -> RequestSummary:
         """What the routing core gets: this shape plus who asked for which group."""
         return RequestSummary(
             group=group, caller=caller, dialect=dialect, stream=self.stream,
@@ -42,7 +43,7 @@ class RequestShape:
             reasoning=self.reasoning, max_tokens_cap=self.max_tokens_cap,
             prompt_chars=self.prompt_chars, prompt_sample=self.prompt_sample,
             spend_ceiling_usd=spend_ceiling_usd, conversation_key=conversation_key,
-            structured_output=self.structured_output,
+            structured_output=self.structured_output, bridge_refusal=bridge_refusal,
         )
 
 

@@ -153,11 +153,13 @@ def request_only_mode() -> ProcessingMode:
     )
 
 
-def _retarget_processor(message_timeout_ms: int,
-                        credential_headers: tuple[str, ...]) -> ExternalProcessor:
+def attempt_processor(message_timeout_ms: int, credential_headers: tuple[str, ...],
+                      mode: ProcessingMode | None = None) -> ExternalProcessor:
+    """The sidecar as an upstream filter of a target cluster: it sees one attempt (by its
+    cluster name), never the attempt's credentials, and a failure fails the attempt."""
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
-        processing_mode=request_only_mode(),
+        processing_mode=mode or request_only_mode(),
         request_attributes=[CLUSTER_ATTRIBUTE],
         # The hook runs before this attempt's credentials are cleared, and header changes
         # carry over between attempts: without this, the previous attempt's injected key
@@ -171,6 +173,17 @@ def _retarget_processor(message_timeout_ms: int,
     )
 
 
+def strip_filter(credential_headers: tuple[str, ...],
+                 cleared_headers: tuple[str, ...]) -> HttpFilter:
+    """Envoy's per-attempt headers and every credential header go before the provider:
+    header changes carry over between attempts, so no attempt may inherit another target's
+    key. (The caller-API marker stays: removed here, the next attempt would not see it.)"""
+    strip = HeaderMutation(mutations=Mutations(request_mutations=[
+        HeaderMutationRule(remove=name)
+        for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)]))
+    return HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip))
+
+
 def attempt_filters(message_timeout_ms: int, credential_headers: tuple[str, ...],
                     cleared_headers: tuple[str, ...],
                     injectors: list[HttpFilter]) -> list[HttpFilter]:
@@ -178,13 +191,10 @@ def attempt_filters(message_timeout_ms: int, credential_headers: tuple[str, ...]
     and every credential header (changes carry over between attempts), inject this
     target's key (credentials.py), then the codec (which must come last)."""
     first_attempt = request_header(ATTEMPT_HEADER, StringMatcher(exact="1"))
-    strip = HeaderMutation(mutations=Mutations(request_mutations=[
-        HeaderMutationRule(remove=name)
-        for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)]))
     return [
         skipped_when(first_attempt, "sidecar.retarget_retry", "envoy.filters.http.ext_proc",
-                     Any.pack(_retarget_processor(message_timeout_ms, credential_headers))),
-        HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip)),
+                     Any.pack(attempt_processor(message_timeout_ms, credential_headers))),
+        strip_filter(credential_headers, cleared_headers),
         *injectors,
         HttpFilter(name="envoy.filters.http.upstream_codec",
                    typed_config=Any.pack(UpstreamCodec())),

@@ -80,8 +80,10 @@ from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any
 
+from sidecar.bridge.registry import bridged_callers
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
+from sidecar.envoy_config.bridges import bridge_filters
 from sidecar.envoy_config.channel import CHANNEL_TOKEN_PLACEHOLDER, add_channel_token
 from sidecar.envoy_config.credentials import injector_filters
 from sidecar.envoy_config.fallback import (
@@ -105,6 +107,7 @@ from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     EXT_PROC_CLUSTER,
     ROUTE_NAMESPACE,
+    bridge_cluster_name,
     target_cluster_name,
 )
 from sidecar.grpcwire.limits import ServerLimits
@@ -158,6 +161,16 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
                     filters,
                 )
             )
+            if not group.bridges:
+                continue
+            for caller in bridged_callers(config.target_dialects(target)):
+                clusters.append(_target_cluster(
+                    bridge_cluster_name(group_name, index, target.provider, caller.value),
+                    provider.base_url, provider.connect_timeout_seconds, addresses.ca_bundle,
+                    bridge_filters(message_timeout_ms, cleared,
+                                   cluster_stripped_headers(config, target.provider),
+                                   filters[0],
+                                   injector_filters(config, target, addresses.secrets_dir))))
     return Bootstrap(
         overload_manager=_overload_manager(config),
         # File-based SDS (the provider keys) needs the node to have a name.

@@ -21,6 +21,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
 from sidecar.envoy_contract import CLUSTER_ATTRIBUTE, ROUTE_NAMESPACE, SIDECAR_REPLY_DETAILS
+from sidecar.gateway.bridging import Rewrite
 from sidecar.gateway.outcome import BodyParts, Forward, Reply, Retarget, body_size
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -184,3 +185,27 @@ def retarget(outcome: Retarget) -> ext.ProcessingResponse | BodyAnswer:
     """Header mutations made here stay on the request for later attempts, so every
     per-target header is set or removed on every retry (ARCHITECTURE.md)."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts)
+
+
+def bridge_request(rewrite: Rewrite) -> ext.ProcessingResponse | BodyAnswer:
+    """A bridged attempt's request, translated for its target (docs/dialects.md §7)."""
+    return _body_response(rewrite.set_headers, rewrite.remove_headers, [rewrite.body or b""])
+
+
+def bridge_response_headers(rewrite: Rewrite) -> ext.ProcessingResponse:
+    response = ext.ProcessingResponse()
+    mutation = response.response_headers.response.header_mutation
+    mutation.set_headers.extend(_set(rewrite.set_headers))
+    mutation.remove_headers.extend(rewrite.remove_headers)
+    return response
+
+
+def bridge_response_body(rewrite: Rewrite) -> ext.ProcessingResponse:
+    """The translated answer; header changes still apply (the body was buffered, so the
+    headers have not left Envoy yet)."""
+    response = ext.ProcessingResponse()
+    common = response.response_body.response
+    common.header_mutation.set_headers.extend(_set(rewrite.set_headers))
+    common.header_mutation.remove_headers.extend(rewrite.remove_headers)
+    common.body_mutation.body = rewrite.body or b""
+    return response

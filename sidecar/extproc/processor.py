@@ -13,6 +13,7 @@ stream is done. The gRPC server (sidecar.grpcwire) calls it straight from the so
 from __future__ import annotations
 
 import logging
+import time
 from time import perf_counter
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
@@ -20,7 +21,8 @@ from google.protobuf.message import DecodeError
 
 from sidecar.dialects.errors import ClientError
 from sidecar.extproc import messages
-from sidecar.gateway import Gateway, Pending, Reply
+from sidecar.gateway import Gateway, Pending, Reply, bridging
+from sidecar.gateway.bridging import BridgeAttempt
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
@@ -65,13 +67,14 @@ class ExternalProcessor:
 class ProcessStream:
     """One ext_proc stream: the gRPC handler interface around `step`."""
 
-    __slots__ = ("_closed", "_gateway", "_pending", "_processor", "_route")
+    __slots__ = ("_bridge", "_closed", "_gateway", "_pending", "_processor", "_route")
 
     def __init__(self, processor: ExternalProcessor) -> None:
         self._processor = processor
         self._gateway = processor.gateway
         self._pending: Pending | None = None
         self._route: TargetRoute | None = None
+        self._bridge: BridgeAttempt | None = None
         self._closed = False
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
@@ -118,6 +121,9 @@ class ProcessStream:
             headers = messages.header_map(request.request_headers)
             cluster = messages.attempt_cluster(request)
             if cluster is not None:
+                self._bridge = gateway.bridge_attempt(cluster, headers)
+                if self._bridge is not None:
+                    return messages.continue_attempt(), False
                 attempt = gateway.on_attempt_headers(cluster, headers)
                 if isinstance(attempt, Reply):
                     return messages.immediate(attempt), True
@@ -128,6 +134,8 @@ class ProcessStream:
                 return messages.immediate(outcome), True
             self._pending = outcome
             return messages.continue_headers(headers, gateway.forwarded_headers), False
+        if self._bridge is not None:
+            return self._bridged(kind, request)
         if kind == "request_body" and self._route is not None:
             rewritten = gateway.on_attempt_body(self._route, request.request_body.body)
             if isinstance(rewritten, Reply):
@@ -143,6 +151,28 @@ class ProcessStream:
         # Phases we did not ask for (Envoy config drift): never stall the request.
         _limited.warning("unexpected_message", "unexpected ext_proc message %s; continuing",
                          kind)
+        return None, True
+
+
+    def _bridged(self, kind: str | None, request: ext.ProcessingRequest) -> Step:
+        """The phases of an attempt through a bridge cluster (gateway/bridging.py)."""
+        attempt = self._bridge
+        assert attempt is not None
+        anthropic = attempt.bridge.translator.caller.is_anthropic
+        if kind == "request_body":
+            rewrite = bridging.request_rewrite(attempt, request.request_body.body)
+            if isinstance(rewrite, ClientError):
+                return messages.immediate(Reply(rewrite.status, rewrite.render(anthropic))), True
+            return messages.bridge_request(rewrite), False
+        if kind == "response_headers":
+            headers = messages.header_map(request.response_headers)
+            return messages.bridge_response_headers(
+                bridging.response_headers(attempt, headers)), False
+        if kind == "response_body":
+            return messages.bridge_response_body(bridging.response_body(
+                attempt, request.response_body.body, time.time)), True
+        _limited.warning("unexpected_message", "unexpected ext_proc message %s on a bridge; "
+                         "continuing", kind)
         return None, True
 
 

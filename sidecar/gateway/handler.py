@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.apis import CALLER_PATHS, Dialect
+from sidecar.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
@@ -20,6 +20,8 @@ from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
+from sidecar.envoy_contract import CALLER_API_HEADER
+from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
 from sidecar.gateway.outcome import Forward, Reply, Retarget, body_size
 from sidecar.gateway.retarget import (
@@ -38,7 +40,6 @@ from sidecar.telemetry.rows import DecisionFacts
 log = logging.getLogger("sidecar.gateway")
 _limited = LogLimiter(log, burst=10, interval=60.0)
 
-DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
 MAX_RETRIES_HEADER = "x-envoy-max-retries"
@@ -132,9 +133,11 @@ class Gateway:
 
         group = self._runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
+        refusal = (bridge_refusal(self._runtime.bridge_translators.get((model, pending.dialect)),
+                                  payload) if group.bridges else None)
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
-                                _conversation_key(pending, model, group, payload))
+                                _conversation_key(pending, model, group, payload), refusal)
         decision = self._runtime.router.decide(summary, self._observations)
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
@@ -164,6 +167,8 @@ class Gateway:
         ]
         if anthropic and not pending.has_anthropic_version:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
+        if group.bridges:  # a retry after a bridged attempt cannot read it from the path
+            set_headers.append((CALLER_API_HEADER, pending.dialect.value))
         # The caller's other headers went at the header phase (by allowlist).
         return Forward(attempts, tuple(set_headers), (), new_body, decision)
 
@@ -175,9 +180,18 @@ class Gateway:
                              "header; Envoy's bootstrap should withhold them")
         path = headers.get(":path", "")
         try:
-            return attempt_route(self._runtime, cluster, path)
+            return attempt_route(self._runtime, cluster, path, headers.get(CALLER_API_HEADER))
         except RetargetError as exc:
             return _retry_refused(exc, path)
+
+    def bridge_attempt(self, cluster: str, headers: Mapping[str, str]) -> BridgeAttempt | None:
+        """An attempt through a bridge cluster (every attempt asks, first ones included)."""
+        bridge = self._runtime.bridges.get(cluster)
+        if bridge is None:
+            return None
+        if not self._runtime.credential_headers.isdisjoint(headers):
+            self.retry_credentials_received += 1
+        return BridgeAttempt(bridge)
 
     def on_attempt_body(self, route: TargetRoute, body: bytes) -> Retarget | Reply:
         try:

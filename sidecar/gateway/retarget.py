@@ -32,8 +32,18 @@ def attempt_dialect(path: str) -> Dialect | None:
     return None
 
 
-def attempt_route(runtime: Runtime, cluster: str, path: str) -> TargetRoute:
-    dialect = attempt_dialect(path)
+def _dialect(value: str) -> Dialect | None:
+    try:
+        return Dialect(value)
+    except ValueError:
+        return None
+
+
+def attempt_route(runtime: Runtime, cluster: str, path: str,
+                  caller_api: str | None = None) -> TargetRoute:
+    """`caller_api`: the header the decision set in groups with bridges (a bridged attempt
+    rewrote the path to its target's API, and header changes carry over to retries)."""
+    dialect = _dialect(caller_api) if caller_api else attempt_dialect(path)
     route = runtime.cluster_routes.get((cluster, dialect)) if dialect else None
     if route is None:
         raise RetargetError(f"no route for a retry to {cluster} on {path}")

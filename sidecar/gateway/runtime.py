@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.config.models import Caller, SidecarConfig
+from sidecar.bridge.registry import Translator, bridge_target, bridged_callers, translator_for
+from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
-from sidecar.envoy_contract import target_cluster_name
+from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router
 
@@ -35,6 +36,15 @@ class TargetRoute:
     cluster: str
     path: str
     model_ref: str
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeRoute:
+    """A bridge cluster: the target it reaches, and the translation from its caller's API."""
+
+    route: TargetRoute
+    translator: Translator
+    group: str
 
 
 def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
@@ -93,6 +103,10 @@ class Runtime:
         # Envoy cluster name → ``provider/model_ref`` and → model group, for access logs.
         self.cluster_targets: dict[str, str] = {}
         self.cluster_groups: dict[str, str] = {}
+        # Bridge clusters, and per (group, caller API) the translations its bridged targets
+        # need (docs/dialects.md).
+        self.bridges: dict[str, BridgeRoute] = {}
+        self.bridge_translators: dict[tuple[str, Dialect], tuple[Translator, ...]] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
@@ -105,11 +119,34 @@ class Runtime:
                                         model_ref=target.model_ref)
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
+                if group.bridges:
+                    self._add_bridges(config, group_name, index, target)
         self.forwarded_headers = forwarded_request_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
         # bootstrap is not the rendered one, and a key reached the sidecar.
         self.credential_headers = frozenset(credential_headers(config))
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
+
+    def _add_bridges(self, config: SidecarConfig, group_name: str, index: int,
+                     target: Target) -> None:
+        native = config.target_dialects(target)
+        provider = config.providers[target.provider]
+        for caller in bridged_callers(native):
+            speaks = bridge_target(caller, native)
+            translator = translator_for(caller, speaks) if speaks else None
+            if speaks is None or translator is None:
+                continue
+            cluster = bridge_cluster_name(group_name, index, target.provider, caller.value)
+            base_path = urlsplit(provider.base_url_for(speaks)).path.rstrip("/")
+            route = TargetRoute(cluster=cluster, path=base_path + speaks.endpoint,
+                                model_ref=target.model_ref)
+            self.routes[(group_name, index, caller)] = route
+            self.bridges[cluster] = BridgeRoute(route, translator, group_name)
+            self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
+            self.cluster_groups[cluster] = group_name
+            known = self.bridge_translators.get((group_name, caller), ())
+            if translator not in known:
+                self.bridge_translators[(group_name, caller)] = (*known, translator)
 
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

@@ -13,7 +13,8 @@ the baseline rule applies and is reported as `eligibility.<rule>`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from sidecar.apis import Dialect
 from sidecar.config.models import Target
@@ -26,33 +27,49 @@ from sidecar.routing.capabilities import (
 )
 from sidecar.routing.request import RequestSummary
 
-Rule = Callable[[RequestSummary, Target, Sequence[Dialect]], bool]
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """The caller dialects that reach a target: natively, or through a bridge (only in a
+    group with `bridges: true`)."""
+
+    native: tuple[Dialect, ...]
+    bridged: tuple[Dialect, ...] = ()
+
+
+Rule = Callable[[RequestSummary, Target, Reach], bool]
+BRIDGE_STAGE = "eligibility.bridge_translatable"
 
 
 # --- baseline eligibility (every strategy) ------------------------------------------------
 
-def api_skin(request: RequestSummary, target: Target, dialects: Sequence[Dialect]) -> bool:
-    """The caller's API dialect must reach the upstream unchanged (no bridges yet)."""
-    return request.dialect in dialects
+def api_skin(request: RequestSummary, target: Target, reach: Reach) -> bool:
+    """The caller's API reaches the target natively, or through a bridge the group allows."""
+    return request.dialect in reach.native or request.dialect in reach.bridged
 
 
-def tool_passthrough(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+def bridge_translatable(request: RequestSummary, target: Target, reach: Reach) -> bool:
+    """A target reached through a bridge needs a request the bridge can translate."""
+    return request.dialect in reach.native or request.bridge_refusal is None
+
+
+def tool_passthrough(request: RequestSummary, target: Target, _: Reach) -> bool:
     return not request.has_tools or tool_support(target) is not False
 
 
-def image_modality(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+def image_modality(request: RequestSummary, target: Target, _: Reach) -> bool:
     return not request.has_images or accepts_images(target) is True
 
 
-def reasoning_metadata(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+def reasoning_metadata(request: RequestSummary, target: Target, _: Reach) -> bool:
     return not request.reasoning_requested or reasoning_support(target) is True
 
 
-def honors_max_tokens(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+def honors_max_tokens(request: RequestSummary, target: Target, _: Reach) -> bool:
     return request.max_tokens_cap is None or target.honors_max_tokens
 
 
-def structured_output(request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+def structured_output(request: RequestSummary, target: Target, _: Reach) -> bool:
     """JSON mode or a JSON schema needs a target that declares it (unknown is not enough:
     a target that ignores the format answers free text the caller's parser rejects)."""
     return request.structured_output is None or structured_output_support(target) is True
@@ -60,33 +77,32 @@ def structured_output(request: RequestSummary, target: Target, _: Sequence[Diale
 
 # --- hard filters (dynamic_score, policy-declared) ----------------------------------------
 
-def require_requested_api_skin(request: RequestSummary, target: Target,
-                               dialects: Sequence[Dialect]) -> bool:
-    return request.dialect in dialects
+def require_requested_api_skin(request: RequestSummary, target: Target, reach: Reach) -> bool:
+    return request.dialect in reach.native
 
 
 def require_input_modalities(request: RequestSummary, target: Target,
-                             _: Sequence[Dialect]) -> bool:
+                             _: Reach) -> bool:
     return not request.has_images or accepts_images(target) is True
 
 
 def require_tool_support_when_tools_present(request: RequestSummary, target: Target,
-                                            _: Sequence[Dialect]) -> bool:
+                                            _: Reach) -> bool:
     return not request.has_tools or tool_support(target) is True
 
 
 def require_honors_max_tokens_when_caller_capped(request: RequestSummary, target: Target,
-                                                 _: Sequence[Dialect]) -> bool:
+                                                 _: Reach) -> bool:
     return request.max_tokens_cap is None or target.honors_max_tokens
 
 
 def require_reasoning_support_when_requested(request: RequestSummary, target: Target,
-                                             _: Sequence[Dialect]) -> bool:
+                                             _: Reach) -> bool:
     return not request.reasoning_requested or reasoning_support(target) is True
 
 
 def require_structured_output_support_when_requested(
-        request: RequestSummary, target: Target, _: Sequence[Dialect]) -> bool:
+        request: RequestSummary, target: Target, _: Reach) -> bool:
     return request.structured_output is None or structured_output_support(target) is True
 
 
@@ -128,4 +144,5 @@ def active_rules(hard_filters: HardFilters | None) -> list[tuple[str, Rule]]:
             rules.append((f"hard_filters.{hard.__name__}", hard))
         else:
             rules.append((f"eligibility.{baseline.__name__}", baseline))
+    rules.insert(1, (BRIDGE_STAGE, bridge_translatable))  # right after the API rule
     return rules

@@ -11,7 +11,7 @@ from sidecar.apis import Dialect
 from sidecar.config.models import ModelGroup, Target
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import TargetChoice
-from sidecar.routing.eligibility import CALLER_WORDS, Rule, active_rules
+from sidecar.routing.eligibility import BRIDGE_STAGE, CALLER_WORDS, Reach, Rule, active_rules
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
 from sidecar.routing.trace import DecisionTrace
@@ -31,7 +31,7 @@ class GateTarget:
     """One target as the gates see it."""
 
     choice: TargetChoice
-    dialects: tuple[Dialect, ...]
+    reach: Reach
     contract_violation: str | None  # depends on the target alone
 
 
@@ -44,13 +44,21 @@ class GroupGates:
     rules: tuple[tuple[str, Rule], ...]
 
 
-def group_gates(group: ModelGroup,
-                dialects_of: Callable[[Target], Sequence[Dialect]]) -> GroupGates:
+def group_gates(group: ModelGroup, dialects_of: Callable[[Target], Sequence[Dialect]],
+                bridged_of: Callable[[Sequence[Dialect]], Sequence[Dialect]] = lambda _: ()
+                ) -> GroupGates:
+    """`bridged_of(native)`: the caller dialects a bridge brings to a target speaking
+    `native` (asked only when the group has `bridges: true`)."""
     hard_filters = group.dynamic_score.hard_filters if group.strategy == "dynamic_score" else None
     contract = group.contract
+
+    def reach(target: Target) -> Reach:
+        native = tuple(dialects_of(target))
+        return Reach(native, tuple(bridged_of(native)) if group.bridges else ())
+
     return GroupGates(
         targets=tuple(
-            GateTarget(TargetChoice(index, target), tuple(dialects_of(target)),
+            GateTarget(TargetChoice(index, target), reach(target),
                        contract_violation(contract, target) if contract is not None else None)
             for index, target in enumerate(group.targets)),
         rules=tuple(active_rules(hard_filters)),
@@ -66,7 +74,7 @@ def passing_targets(request: RequestSummary, gates: GroupGates,
         target = gate.choice.target
         failed = gate.contract_violation  # unless an eligibility rule fails first
         for name, rule in gates.rules:
-            if not rule(request, target, gate.dialects):
+            if not rule(request, target, gate.reach):
                 failed = name
                 break
         if failed is None and ceiling is not None:
@@ -88,6 +96,9 @@ def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
             words = _CONTRACT_WORDS
         elif stage == SPEND_CEILING:
             words = _SPEND_WORDS
+        elif stage == BRIDGE_STAGE:
+            words = (f"the request cannot be bridged to another API "
+                     f"({request.bridge_refusal})").replace("{", "{{").replace("}", "}}")
         else:
             words = CALLER_WORDS.get(stage, "")
         text = words.format(dialect=request.dialect.value)

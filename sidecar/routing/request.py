@@ -40,6 +40,9 @@ class RequestSummary:
     conversation_key: bytes | None = field(default=None, repr=False)
     # `json_object` or `json_schema` when the caller asked for structured output
     structured_output: str | None = None
+    # Why this request cannot cross a bridge (`field: reason`), when its group bridges and
+    # the translation refused it; targets reached only through a bridge are then ineligible.
+    bridge_refusal: str | None = None
 
     @property
     def reasoning_requested(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from sidecar.bridge.registry import bridged_callers
 from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
@@ -39,7 +40,7 @@ class Router:
         self._rotations: dict[tuple[str, tuple[int, ...]], WeightedRotation] = {}
         # What depends on the configuration alone, resolved once per group.
         self._gates: dict[str, GroupGates] = {
-            name: group_gates(group, config.target_dialects)
+            name: group_gates(group, config.target_dialects, bridged_callers)
             for name, group in config.models.items()
         }
         self._dynamic: dict[str, DynamicScore] = {

@@ -12,7 +12,7 @@ from sidecar.config import load_config_text
 from sidecar.config.loading import load_config_data
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import Decision
-from sidecar.routing.eligibility import PAIRS
+from sidecar.routing.eligibility import PAIRS, Reach
 from sidecar.routing.gates import output_budget
 from sidecar.routing.observations import ObservationSnapshot, TargetObservations
 from sidecar.routing.request import Reasoning, RequestSummary
@@ -108,7 +108,7 @@ def test_chosen_targets_are_in_the_group_and_pass_every_gate(tl, policy, req, ob
     hard = group.dynamic_score.hard_filters if strategy == "dynamic_score" else None
     for choice in outcome.ordered:
         assert group.targets[choice.index] is choice.target   # never outside the group
-        dialects = cfg.target_dialects(choice.target)
+        dialects = Reach(tuple(cfg.target_dialects(choice.target)))
         for baseline, filter_ in PAIRS:
             assert baseline(req, choice.target, dialects)
             if hard is not None and getattr(hard, filter_.__name__):

@@ -1,0 +1,49 @@
+"""Bridge clusters (docs/dialects.md §7, §9): a target reached from callers of another API.
+
+The same upstream as the target's own cluster, but its upstream HTTP filters start with an
+ext_proc that sees every attempt whole, request and response (headers SEND, bodies
+BUFFERED), so the sidecar translates the request on the way up and the answer on the way
+back. Native clusters never ask for the response: streams pass through them untouched.
+"""
+
+from __future__ import annotations
+
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.upstream_codec.v3 import UpstreamCodec
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpFilter,
+)
+from envoy_data_plane.google.protobuf import Any
+
+from sidecar.envoy_config.fallback import attempt_processor, strip_filter
+
+
+def full_mode() -> ProcessingMode:
+    return ProcessingMode(
+        request_header_mode=ProcessingModeHeaderSendMode.SEND,
+        response_header_mode=ProcessingModeHeaderSendMode.SEND,
+        request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+        response_body_mode=ProcessingModeBodySendMode.BUFFERED,
+        request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+    )
+
+
+def bridge_filters(message_timeout_ms: int, credential_headers: tuple[str, ...],
+                   cleared_headers: tuple[str, ...], held: HttpFilter,
+                   injectors: list[HttpFilter]) -> list[HttpFilter]:
+    """Hold bounded replies (as every target cluster does), translate (every attempt, first
+    ones included), strip, inject this target's key, then the codec."""
+    processor = attempt_processor(message_timeout_ms, credential_headers, full_mode())
+    return [
+        held,
+        HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(processor)),
+        strip_filter(credential_headers, cleared_headers),
+        *injectors,
+        HttpFilter(name="envoy.filters.http.upstream_codec",
+                   typed_config=Any.pack(UpstreamCodec())),
+    ]

@@ -1,0 +1,113 @@
+"""Bridged attempts (docs/dialects.md §7): the upstream ext_proc on a bridge cluster hands
+the sidecar each attempt's request, then the response; the sidecar translates both.
+
+Only bridge clusters ask for the response, so native traffic never passes through here.
+Per attempt: the request body (the caller's API, as the router holds it) gets this target's
+model and is translated, the path set to the target's endpoint; the response headers keep
+their status and get the caller's content type; the response body is translated back, or,
+for a caller that asked to stream, synthesized into its event stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.apis import DEFAULT_ANTHROPIC_VERSION
+from sidecar.bridge import UnreadableAnswer, Untranslatable
+from sidecar.bridge.registry import Translator
+from sidecar.bridge.streams import chat_sse, messages_sse
+from sidecar.dialects.errors import ClientError
+from sidecar.gateway.runtime import BridgeRoute
+
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+
+
+def bridge_refusal(translators: tuple[Translator, ...] | None,
+                   payload: Mapping[str, Any]) -> str | None:
+    """Why the request cannot cross its group's bridges (`field: reason`), or None."""
+    for translator in translators or ():
+        try:
+            translator.request(payload)
+        except Untranslatable as refused:
+            return str(refused)
+    return None
+
+
+@dataclass(slots=True)
+class BridgeAttempt:
+    """One attempt through a bridge cluster, from its request to its response."""
+
+    bridge: BridgeRoute
+    stream: bool = False
+    include_usage: bool = False
+    status: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """Header changes and a new body, for a request or a response."""
+
+    set_headers: tuple[tuple[str, str], ...]
+    remove_headers: tuple[str, ...]
+    body: bytes | None = None
+
+
+def request_rewrite(attempt: BridgeAttempt, body: bytes) -> Rewrite | ClientError:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return ClientError(400, "the request body is not JSON")
+    if not isinstance(payload, dict):
+        return ClientError(400, "the request body is not a JSON object")
+    route = attempt.bridge.route
+    attempt.stream = payload.get("stream") is True
+    options = payload.get("stream_options")
+    attempt.include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    try:
+        translated = attempt.bridge.translator.request({**payload, "model": route.model_ref})
+    except Untranslatable as refused:  # routing checked it; a retry's body is the same
+        return ClientError(400, f"This request cannot be bridged to another API: {refused}")
+    new_body = json.dumps(translated, separators=(",", ":")).encode()
+    headers = [(":path", route.path), ("content-length", str(len(new_body))),
+               ("content-type", JSON)]
+    if attempt.bridge.translator.target.is_anthropic:
+        headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
+    return Rewrite(tuple(headers), ("anthropic-beta",), new_body)
+
+
+def response_headers(attempt: BridgeAttempt, headers: Mapping[str, str]) -> Rewrite:
+    """The status stays (the router's retry decision reads it); the body will change."""
+    try:
+        attempt.status = int(headers.get(":status", "0"))
+    except ValueError:
+        attempt.status = 0
+    streaming = attempt.stream and 200 <= attempt.status < 300
+    return Rewrite((("content-type", EVENT_STREAM if streaming else JSON),),
+                   ("content-length", "content-encoding"))
+
+
+def response_body(attempt: BridgeAttempt, body: bytes,
+                  clock: Callable[[], float]) -> Rewrite:
+    translator = attempt.bridge.translator
+    if not 200 <= attempt.status < 300:
+        _status, error = translator.error(attempt.status, body)
+        return Rewrite((), (), error)
+    try:
+        answer = json.loads(body)
+        if not isinstance(answer, dict):
+            raise UnreadableAnswer("not a JSON object")
+        model = str(answer.get("model") or attempt.bridge.route.model_ref)
+        translated = translator.response(answer, model, clock)
+    except (ValueError, UnreadableAnswer):
+        error = ClientError(502, "The provider's answer could not be translated to this API.")
+        return Rewrite(((":status", "502"), ("content-type", JSON)), (),
+                       error.render(translator.caller.is_anthropic))
+    if not attempt.stream:
+        return Rewrite((), (), json.dumps(translated, separators=(",", ":")).encode())
+    if translator.caller.is_anthropic:
+        return Rewrite((), (), messages_sse(translated))
+    return Rewrite((), (), chat_sse(translated, attempt.include_usage))
