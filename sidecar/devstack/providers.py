@@ -61,6 +61,9 @@ class Behaviour:
     # sent as is, with this content type, instead of the completion.
     raw_body: bytes | None = None
     content_type: str = "application/json"
+    # Answer a request that offers tools with a call to its first tool (text otherwise, and
+    # after a tool's result came back), as JSON or as the dialect's tool-call stream deltas.
+    call_tools: bool = False
     # A drifting provider (bench/routing_quality.py), drawn from the provider's seeded
     # random source: this share of requests fails with `error_status` (after the latency);
     # the latency is latency_s × a log-normal factor of this sigma; replies are
@@ -193,7 +196,7 @@ class ProviderServer:
             text = " ".join(["x" * _BIG_WORD] * max(1, behaviour.body_bytes // (_BIG_WORD + 1)))
         completion = wire.make_completion(
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
-            provider.name, payload, len(request.body), text,
+            provider.name, payload, len(request.body), text, behaviour.call_tools,
         )
         if endpoint == "/v1/responses":
             if payload.get("stream") is True:

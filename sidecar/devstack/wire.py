@@ -22,6 +22,8 @@ class Completion:
     words: tuple[str, ...]
     prompt_tokens: int
     truncated: bool
+    # (tool name, JSON arguments) when the demo answers with a tool call instead of text
+    tool_call: tuple[str, str] | None = None
 
     @property
     def text(self) -> str:
@@ -33,7 +35,7 @@ class Completion:
 
 
 def make_completion(request_id: str, provider: str, request: dict[str, Any], body_size: int,
-                    text: str | None = None) -> Completion:
+                    text: str | None = None, call_tools: bool = False) -> Completion:
     model = str(request.get("model", ""))
     text = text or f"Hello from {provider} serving {model}. This is a demo completion."
     pieces = text.split(" ")
@@ -42,7 +44,27 @@ def make_completion(request_id: str, provider: str, request: dict[str, Any], bod
     truncated = isinstance(cap, int) and 0 < cap < len(words)
     if truncated:
         words = words[:cap]
-    return Completion(request_id, model, tuple(words), max(1, body_size // 4), truncated)
+    call = _tool_call(request) if call_tools else None
+    if call is not None:
+        words, truncated = ["Calling ", "a ", "tool."], False
+    return Completion(request_id, model, tuple(words), max(1, body_size // 4), truncated, call)
+
+
+def _tool_call(request: dict[str, Any]) -> tuple[str, str] | None:
+    """The demo's tool policy: call the first tool, unless the conversation just brought a
+    tool's result back (then answer in text)."""
+    tools = request.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    messages = request.get("messages") if isinstance(request.get("messages"), list) else []
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    content = last.get("content")
+    if last.get("role") == "tool" or (isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content)):
+        return None
+    tool = tools[0]
+    name = tool.get("name") or (tool.get("function") or {}).get("name") or "tool"
+    return str(name), json.dumps({"city": "Oslo", "days": 2})
 
 
 def _data(payload: dict[str, Any]) -> bytes:
@@ -63,17 +85,25 @@ def openai_usage(c: Completion) -> dict[str, int]:
     }
 
 
+def _call_id(c: Completion) -> str:
+    return "call_" + c.id.rsplit("_", 1)[-1]
+
+
+def _finish(c: Completion) -> str:
+    return "tool_calls" if c.tool_call else "length" if c.truncated else "stop"
+
+
 def openai_json(c: Completion) -> bytes:
+    message: dict[str, Any] = {"role": "assistant", "content": c.text}
+    if c.tool_call:
+        message["tool_calls"] = [{"id": _call_id(c), "type": "function", "function": {
+            "name": c.tool_call[0], "arguments": c.tool_call[1]}}]
     return json.dumps({
         "id": c.id,
         "object": "chat.completion",
         "created": _CREATED,
         "model": c.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": c.text},
-            "finish_reason": "length" if c.truncated else "stop",
-        }],
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish(c)}],
         "usage": openai_usage(c),
     }).encode()
 
@@ -88,7 +118,14 @@ def openai_events(c: Completion, include_usage: bool) -> Iterator[bytes]:
     yield chunk({"role": "assistant", "content": ""}, None)
     for word in c.words:
         yield chunk({"content": word}, None)
-    yield chunk({}, "length" if c.truncated else "stop")
+    if c.tool_call:
+        name, arguments = c.tool_call
+        half = len(arguments) // 2
+        yield chunk({"tool_calls": [{"index": 0, "id": _call_id(c), "type": "function",
+                                     "function": {"name": name, "arguments": ""}}]}, None)
+        for piece in (arguments[:half], arguments[half:]):
+            yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}, None)
+    yield chunk({}, _finish(c))
     if include_usage:
         yield _data({
             "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
@@ -128,7 +165,15 @@ def openai_error(status: int, message: str) -> bytes:
 # --- Anthropic Messages ----------------------------------------------------------------------
 
 def _stop_reason(c: Completion) -> str:
-    return "max_tokens" if c.truncated else "end_turn"
+    return "tool_use" if c.tool_call else "max_tokens" if c.truncated else "end_turn"
+
+
+def _anthropic_content(c: Completion) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+    if c.tool_call:
+        content.append({"type": "tool_use", "id": "toolu_" + c.id.rsplit("_", 1)[-1],
+                        "name": c.tool_call[0], "input": json.loads(c.tool_call[1])})
+    return content
 
 
 def anthropic_json(c: Completion) -> bytes:
@@ -137,7 +182,7 @@ def anthropic_json(c: Completion) -> bytes:
         "type": "message",
         "role": "assistant",
         "model": c.model,
-        "content": [{"type": "text", "text": c.text}],
+        "content": _anthropic_content(c),
         "stop_reason": _stop_reason(c),
         "stop_sequence": None,
         "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens},
@@ -157,6 +202,17 @@ def anthropic_events(c: Completion) -> Iterator[bytes]:
         yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
                                              "delta": {"type": "text_delta", "text": word}})
     yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    if c.tool_call:
+        block = _anthropic_content(c)[1]
+        arguments = c.tool_call[1]
+        half = len(arguments) // 2
+        yield _event("content_block_start", {"type": "content_block_start", "index": 1,
+                                             "content_block": {**block, "input": {}}})
+        for piece in (arguments[:half], arguments[half:]):
+            yield _event("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                                 "delta": {"type": "input_json_delta",
+                                                           "partial_json": piece}})
+        yield _event("content_block_stop", {"type": "content_block_stop", "index": 1})
     yield _event("message_delta", {
         "type": "message_delta",
         "delta": {"stop_reason": _stop_reason(c), "stop_sequence": None},

@@ -6,13 +6,16 @@ own; a request a bridge cannot carry is refused by name; native traffic is uncha
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
+from sidecar.devstack import wire
 from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
@@ -145,3 +148,93 @@ def test_a_fallback_crosses_dialects_before_the_answer_starts(
     key_header = "x-api-key" if serving == "claude" else "authorization"
     assert KEYS[serving] in received[0].headers[key_header]
     assert KEYS[failing] not in str(received[0].headers)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "days": {"type": "integer"}}}}}
+CLAUDE_WEATHER = {"name": "weather", "description": "Current weather",
+                  "input_schema": WEATHER["function"]["parameters"]}
+
+
+@pytest.fixture
+def tools_on(stack) -> Iterator[None]:
+    _, providers = stack
+    for name in KEYS:
+        providers.provider(name).behaviour = Behaviour(call_tools=True)
+    yield
+    for name in KEYS:
+        providers.provider(name).behaviour = Behaviour()
+
+
+def test_tool_calls_cross_the_bridge_and_their_results_come_back(stack, tools_on) -> None:
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    ask = [{"role": "user", "content": "weather in Oslo?"}]
+    reply = client.chat.completions.create(model="claude-only", messages=ask, tools=[WEATHER],
+                                           tool_choice="required")
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "weather", {"city": "Oslo", "days": 2})
+    upstream = providers.provider("claude").received[-1].json()
+    assert upstream["tool_choice"] == {"type": "any"}
+    assert upstream["tools"][0]["input_schema"] == WEATHER["function"]["parameters"]
+    follow_up = [*ask, reply.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "3 °C"}]
+    answer = client.chat.completions.create(model="claude-only", messages=follow_up,
+                                            tools=[WEATHER])
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content
+    turns = providers.provider("claude").received[-1].json()["messages"]
+    assert turns[1]["content"][-1] == {"type": "tool_use", "id": call.id, "name": "weather",
+                                       "input": {"city": "Oslo", "days": 2}}
+    assert turns[2]["content"][0] == {"type": "tool_result", "tool_use_id": call.id,
+                                      "content": "3 °C"}
+    with client.chat.completions.stream(model="claude-only", messages=ask,
+                                        tools=[WEATHER]) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls[0].function.name == "weather"
+
+
+def test_the_anthropic_sdk_gets_tool_use_from_an_openai_target(stack, tools_on) -> None:
+    up, providers = stack
+    client = anthropic.Anthropic(base_url=up.base_url, api_key=TOKEN, max_retries=0)
+    message = client.messages.create(model="gpt-only", max_tokens=50, tools=[CLAUDE_WEATHER],
+                                     messages=[{"role": "user", "content": "weather?"}])
+    tool = message.content[-1]
+    assert message.stop_reason == "tool_use" and tool.type == "tool_use"
+    assert (tool.name, tool.input) == ("weather", {"city": "Oslo", "days": 2})
+    upstream = providers.provider("gpt").received[-1].json()
+    assert upstream["tools"][0]["function"]["name"] == "weather"
+    with client.messages.stream(model="gpt-only", max_tokens=50, tools=[CLAUDE_WEATHER],
+                                messages=[{"role": "user", "content": "weather?"}]) as stream:
+        final = stream.get_final_message()
+    assert final.content[-1].input == {"city": "Oslo", "days": 2}
+
+
+@pytest.mark.parametrize("dialect", ["openai_chat", "anthropic_messages"])
+def test_native_tool_call_streams_pass_through_byte_for_byte(stack, tools_on, dialect) -> None:
+    """The demo provider's own tool-call deltas reach the caller unchanged."""
+    up, providers = stack
+    if dialect == "openai_chat":
+        group, name, path = "gpt-only", "gpt", "/v1/chat/completions"
+        body = {"model": group, "stream": True, "messages": [{"role": "user", "content": "w"}],
+                "tools": [WEATHER]}
+        headers = {"authorization": f"Bearer {TOKEN}"}
+    else:
+        group, name, path = "claude-native", "claude", "/v1/messages"
+        body = {"model": group, "stream": True, "max_tokens": 50, "tools": [CLAUDE_WEATHER],
+                "messages": [{"role": "user", "content": "w"}]}
+        headers = {"x-api-key": TOKEN, "anthropic-version": "2023-06-01"}
+    with httpx.Client(timeout=10) as http:
+        got = http.post(up.base_url + path, json=body, headers=headers)
+    assert got.status_code == 200
+    received = providers.provider(name).received[-1]
+    first = json.loads(got.text.split("data: ", 1)[1].split("\n", 1)[0])
+    request_id = first["id"] if dialect == "openai_chat" else first["message"]["id"]
+    completion = wire.make_completion(request_id, name, received.json(), len(received.body),
+                                      None, call_tools=True)
+    events = (wire.openai_events(completion, include_usage=False) if dialect == "openai_chat"
+              else wire.anthropic_events(completion))
+    assert got.content == b"".join(events)
