@@ -20,7 +20,7 @@ _DROPPED = frozenset({"metadata", "store", "service_tier", "stream_options"})
 _HANDLED = frozenset({"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
                       "stop", "temperature", "top_p", "max_tokens", "max_completion_tokens",
                       "reasoning_effort", "user", "stream", "n", "presence_penalty",
-                      "frequency_penalty"})
+                      "frequency_penalty", "response_format"})
 _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                  "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
 
@@ -59,6 +59,9 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
     choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         out["tool_choice"] = choice
+    output = _output_format(body.get("response_format"))
+    if output is not None:
+        out["output_config"] = {"format": output}
     if isinstance(body.get("user"), str):
         out["metadata"] = {"user_id": body["user"]}
     out["stream"] = False  # the bridged call is unary; a caller's stream is synthesized
@@ -204,6 +207,23 @@ def _tool_choice(choice: object, parallel: object) -> dict[str, Any] | None:
         if out["type"] != "none":
             out["disable_parallel_tool_use"] = True
     return out
+
+
+def _output_format(response_format: object) -> dict[str, Any] | None:
+    """A JSON schema crosses as Anthropic's `output_config.format`; JSON mode without a
+    schema has no Anthropic form."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")  # type: ignore[union-attr]
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(schema, dict):
+            return {"type": "json_schema", "schema": schema}
+        raise Untranslatable("response_format.json_schema.schema", "a schema object is required")
+    raise Untranslatable("response_format", "Anthropic has JSON schemas, not JSON mode")
 
 
 def _reasoning(body: Mapping[str, Any], out: dict[str, Any]) -> None:

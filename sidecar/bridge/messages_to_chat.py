@@ -12,7 +12,8 @@ from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text
 MAX_STOPS = 4  # Chat's limit on stop sequences
 _HANDLED = frozenset({"model", "system", "messages", "max_tokens", "tools", "tool_choice",
                       "stop_sequences", "temperature", "top_p", "thinking", "metadata",
-                      "stream"})
+                      "stream", "output_config", "output_format"})
+_EFFORTS = ("low", "medium", "high")
 _FINISH_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "function_call": "tool_use", "content_filter": "refusal"}
 
@@ -50,6 +51,7 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
         out["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
     _tool_choice(body.get("tool_choice"), out)
     _thinking(body.get("thinking"), out)
+    _output_config(body, out)
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         out["user"] = metadata["user_id"]
@@ -165,6 +167,32 @@ def _tool_choice(choice: object, out: dict[str, Any]) -> None:
         raise Untranslatable("tool_choice.type", "auto, any, tool or none are bridged")
     if choice.get("disable_parallel_tool_use") is True:
         out["parallel_tool_calls"] = False
+
+
+def _output_config(body: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """`output_config.format` (or the beta `output_format`) becomes a JSON-schema
+    `response_format`; `output_config.effort` low/medium/high becomes `reasoning_effort`."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise Untranslatable("output_config", "an object is required")
+    config = config or {}
+    for key in config:
+        if key not in ("format", "effort"):
+            raise Untranslatable(f"output_config.{key}"[:120], "OpenAI Chat has no equivalent")
+    output = config.get("format") or body.get("output_format")
+    if output is not None:
+        schema = output.get("schema") if isinstance(output, dict) else None
+        if not isinstance(output, dict) or output.get("type") != "json_schema" or not (
+                isinstance(schema, dict)):
+            raise Untranslatable("output_config.format", "a json_schema with a schema object "
+                                 "is required")
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "output", "schema": schema}}
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise Untranslatable("output_config.effort", "low, medium or high are bridged")
+        out["reasoning_effort"] = effort
 
 
 def _thinking(thinking: object, out: dict[str, Any]) -> None:

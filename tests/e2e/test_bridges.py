@@ -39,6 +39,10 @@ models:
     targets: [{{provider: gpt, model_ref: gpt-model}}]
   claude-native:
     targets: [{{provider: claude, model_ref: claude-model}}]
+  claude-json:
+    bridges: true
+    targets:
+      - {{provider: claude, model_ref: claude-model, supports_structured_output: true}}
   claude-first:
     strategy: failover
     bridges: true
@@ -238,3 +242,19 @@ def test_native_tool_call_streams_pass_through_byte_for_byte(stack, tools_on, di
     events = (wire.openai_events(completion, include_usage=False) if dialect == "openai_chat"
               else wire.anthropic_events(completion))
     assert got.content == b"".join(events)
+
+
+def test_a_json_schema_crosses_the_bridge_and_json_mode_is_refused(stack) -> None:
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    client.chat.completions.create(
+        model="claude-json", messages=[{"role": "user", "content": "a city"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    upstream = providers.provider("claude").received[-1].json()
+    assert upstream["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="claude-json",
+                                       messages=[{"role": "user", "content": "a city"}],
+                                       response_format={"type": "json_object"})
+    assert "JSON mode" in refused.value.message

@@ -173,3 +173,36 @@ def test_the_registry_knows_both_directions_only() -> None:
     assert bridge.request({"model": "g", "messages": [{"role": "user", "content": "x"}]})[
         "max_tokens"] == 4096
     assert bridge.response({"id": "m", "content": []}, "g", lambda: 5.0)["created"] == 5
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_structured_output_crosses_where_both_sides_can_express_it() -> None:
+    from sidecar.bridge import chat_to_messages
+
+    chat = {"model": "g", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "city", "schema": SCHEMA}}}
+    assert chat_to_messages.request(chat)["output_config"] == {
+        "format": {"type": "json_schema", "schema": SCHEMA}}
+    assert "output_config" not in chat_to_messages.request(
+        chat | {"response_format": {"type": "text"}})
+    with pytest.raises(Untranslatable, match="JSON mode"):
+        chat_to_messages.request(chat | {"response_format": {"type": "json_object"}})
+    claude = {"model": "g", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}],
+              "output_config": {"format": {"type": "json_schema", "schema": SCHEMA},
+                                "effort": "high"}}
+    out = request(claude)
+    assert out["response_format"] == {"type": "json_schema",
+                                      "json_schema": {"name": "output", "schema": SCHEMA}}
+    assert out["reasoning_effort"] == "high"
+    beta = request({**claude, "output_config": None,
+                    "output_format": {"type": "json_schema", "schema": SCHEMA}})
+    assert beta["response_format"]["json_schema"]["schema"] == SCHEMA
+    for bad, field in (({"effort": "max"}, "output_config.effort"),
+                       ({"format": {"type": "json_schema"}}, "output_config.format"),
+                       ({"task_budget": 5}, "output_config.task_budget")):
+        with pytest.raises(Untranslatable) as raised:
+            request({**claude, "output_config": bad})
+        assert raised.value.field == field
