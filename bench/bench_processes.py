@@ -31,6 +31,12 @@ COMPLETION = json.dumps({
     "usage": {"prompt_tokens": 250, "completion_tokens": 10, "total_tokens": 260}})
 
 
+MESSAGE = json.dumps({
+    "id": "msg-bench", "type": "message", "role": "assistant", "model": "m",
+    "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+    "stop_sequence": None, "usage": {"input_tokens": 250, "output_tokens": 10}})
+
+
 # LiteLLM insists on a master key of this shape; every row of a comparison uses it.
 TOKEN = "sk-bench-0123456789abcdef0123456789abcdef"
 
@@ -155,12 +161,17 @@ def _envoy(workdir: Path, name: str, routes: list[dict], clusters: list[dict],
 
 
 def fast_provider(workdir: Path) -> tuple[Processes, int]:
-    """An Envoy that answers every request with a fixed OpenAI chat completion."""
-    route = {"match": {"prefix": "/"}, "direct_response": {
-        "status": 200, "body": {"inline_string": COMPLETION}},
-        "response_headers_to_add": [{"header": {"key": "content-type",
-                                                "value": "application/json"}}]}
-    process, port = _envoy(workdir, "fast_provider", [route], [], read_whole_request=True)
+    """An Envoy that answers every request with a fixed OpenAI chat completion, and
+    `…/messages` with a fixed Anthropic message."""
+    def answer(match: dict, body: str) -> dict:
+        return {"match": match, "direct_response": {
+            "status": 200, "body": {"inline_string": body}},
+            "response_headers_to_add": [{"header": {"key": "content-type",
+                                                    "value": "application/json"}}]}
+
+    routes = [answer({"safe_regex": {"regex": ".*/messages"}}, MESSAGE),
+              answer({"prefix": "/"}, COMPLETION)]
+    process, port = _envoy(workdir, "fast_provider", routes, [], read_whole_request=True)
     return Processes({"provider": process}), port
 
 
@@ -195,12 +206,14 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 
 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
-                  token: str, processes: int = 1,
-                  extra_config: str = "") -> tuple[Processes, int]:
+                  token: str, processes: int = 1, extra_config: str = "",
+                  config_text: str | None = None) -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
-    spreads the ext_proc streams over them). `extra_config`: top-level YAML appended."""
+    spreads the ext_proc streams over them). `extra_config`: top-level YAML appended;
+    `config_text`: a whole configuration instead of the SPEC's group."""
     config = workdir / f"sidecar-{strategy}.yaml"
-    config.write_text(sidecar_config(strategy, fast_port, drip_url, token) + extra_config)
+    config.write_text((config_text or sidecar_config(strategy, fast_port, drip_url, token))
+                      + extra_config)
     listen = free_port()
     grpc_ports = [free_port() for _ in range(processes)]
     token_file = workdir / f"sidecar-{strategy}.grpc-token"
