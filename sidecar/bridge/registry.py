@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.apis import Dialect
-from sidecar.bridge import chat_to_messages, messages_to_chat
+from sidecar.bridge import chat_to_messages, messages_to_chat, responses_to_chat
 from sidecar.bridge.errors import translated_error
 
 Body = Mapping[str, Any]
@@ -46,6 +46,15 @@ _TRANSLATORS = {
     (Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT): Translator(
         Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT, messages_to_chat.request,
         lambda answer, model, _clock: messages_to_chat.response(answer, model)),
+    (Dialect.OPENAI_RESPONSES, Dialect.OPENAI_CHAT): Translator(
+        Dialect.OPENAI_RESPONSES, Dialect.OPENAI_CHAT, responses_to_chat.request,
+        responses_to_chat.response),
+    # Responses to Messages goes through Chat: one translator per step, composed.
+    (Dialect.OPENAI_RESPONSES, Dialect.ANTHROPIC_MESSAGES): Translator(
+        Dialect.OPENAI_RESPONSES, Dialect.ANTHROPIC_MESSAGES,
+        lambda body: chat_to_messages.request(responses_to_chat.request(body)),
+        lambda answer, model, clock: responses_to_chat.response(
+            chat_to_messages.response(answer, model, clock), model, clock)),
 }
 
 

@@ -76,3 +76,41 @@ def messages_sse(message: Mapping[str, Any]) -> bytes:
 
 def _json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def responses_sse(response: Mapping[str, Any]) -> bytes:
+    """The Responses event sequence for a translated Responses object: created, each output
+    item opened, filled in one delta and closed, then completed."""
+    events: list[dict[str, Any]] = []
+    events.append({"type": "response.created",
+                   "response": {**response, "status": "in_progress", "output": [],
+                                "usage": None}})
+    for index, item in enumerate(response.get("output") or []):
+        if item["type"] == "message":
+            opened = {**item, "status": "in_progress", "content": []}
+            events.append({"type": "response.output_item.added", "output_index": index,
+                           "item": opened})
+            for part_index, part in enumerate(item["content"]):
+                where = {"item_id": item["id"], "output_index": index,
+                         "content_index": part_index}
+                events += [
+                    {"type": "response.content_part.added", **where,
+                     "part": {**part, "text": ""}},
+                    {"type": "response.output_text.delta", **where, "delta": part["text"],
+                     "logprobs": []},
+                    {"type": "response.output_text.done", **where, "text": part["text"],
+                     "logprobs": []},
+                    {"type": "response.content_part.done", **where, "part": part}]
+        else:  # function_call
+            events += [
+                {"type": "response.output_item.added", "output_index": index,
+                 "item": {**item, "arguments": "", "status": "in_progress"}},
+                {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                 "output_index": index, "delta": item["arguments"]},
+                {"type": "response.function_call_arguments.done", "item_id": item["id"],
+                 "output_index": index, "arguments": item["arguments"]}]
+        events.append({"type": "response.output_item.done", "output_index": index,
+                       "item": item})
+    events.append({"type": "response.completed", "response": dict(response)})
+    return "".join(f"event: {event['type']}\ndata: {_json({**event, 'sequence_number': n})}\n\n"
+                   for n, event in enumerate(events)).encode()

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.apis import DEFAULT_ANTHROPIC_VERSION
+from sidecar.apis import DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.bridge import UnreadableAnswer, Untranslatable
 from sidecar.bridge.registry import Translator
-from sidecar.bridge.streams import chat_sse, messages_sse
+from sidecar.bridge.streams import chat_sse, messages_sse, responses_sse
 from sidecar.dialects.errors import ClientError
 from sidecar.gateway.runtime import BridgeRoute
 
@@ -110,4 +110,6 @@ def response_body(attempt: BridgeAttempt, body: bytes,
         return Rewrite((), (), json.dumps(translated, separators=(",", ":")).encode())
     if translator.caller.is_anthropic:
         return Rewrite((), (), messages_sse(translated))
+    if translator.caller is Dialect.OPENAI_RESPONSES:
+        return Rewrite((), (), responses_sse(translated))
     return Rewrite((), (), chat_sse(translated, attempt.include_usage))

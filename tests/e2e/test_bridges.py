@@ -258,3 +258,29 @@ def test_a_json_schema_crosses_the_bridge_and_json_mode_is_refused(stack) -> Non
                                        messages=[{"role": "user", "content": "a city"}],
                                        response_format={"type": "json_object"})
     assert "JSON mode" in refused.value.message
+
+
+@pytest.mark.parametrize(("group", "provider", "path"), [
+    ("gpt-only", "gpt", "/chat/completions"), ("claude-only", "claude", "/messages")])
+def test_responses_callers_reach_chat_and_messages_targets(stack, group, provider,
+                                                           path) -> None:
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    answer = client.responses.create(model=group, instructions="be brief",
+                                     input="hello from the Responses API")
+    assert answer.object == "response" and answer.output_text
+    assert answer.usage.output_tokens > 0
+    received = providers.provider(provider).received[-1]
+    assert received.path.endswith(path) and received.json()["stream"] is False
+    with client.responses.stream(model=group, input="stream it") as stream:
+        final = stream.get_final_response()
+    assert final.output_text and final.status == "completed"
+
+
+def test_a_stateful_responses_request_cannot_cross_a_bridge(stack) -> None:
+    up, _ = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="gpt-only", input="again",
+                                previous_response_id="resp_123")
+    assert "previous_response_id" in refused.value.message

@@ -164,9 +164,11 @@ def test_credential_errors_never_pass_the_providers_words() -> None:
     assert b"status 500" in body
 
 
-def test_the_registry_knows_both_directions_only() -> None:
+def test_the_registry_knows_its_pairs() -> None:
     assert bridged_pairs() == {(Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES),
-                               (Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT)}
+                               (Dialect.ANTHROPIC_MESSAGES, Dialect.OPENAI_CHAT),
+                               (Dialect.OPENAI_RESPONSES, Dialect.OPENAI_CHAT),
+                               (Dialect.OPENAI_RESPONSES, Dialect.ANTHROPIC_MESSAGES)}
     assert translator_for(Dialect.OPENAI_CHAT, Dialect.OPENAI_CHAT) is None
     bridge = translator_for(Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES)
     assert bridge is not None
