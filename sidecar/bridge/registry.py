@@ -36,6 +36,8 @@ class Translator:
         return self._response(answer, model, clock)
 
     def error(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if self.caller is self.target:  # same API: the provider's error as it is
+            return status, body
         return translated_error(status, body, self.caller)
 
 
@@ -56,6 +58,31 @@ _TRANSLATORS = {
         lambda answer, model, clock: responses_to_chat.response(
             chat_to_messages.response(answer, model, clock), model, clock)),
 }
+
+
+# Responses requests go upstream unary even to Responses targets, and the caller's stream
+# is synthesized (SPEC, Streaming): the same machinery with nothing to translate.
+UNARY_NATIVE = {
+    Dialect.OPENAI_RESPONSES: Translator(
+        Dialect.OPENAI_RESPONSES, Dialect.OPENAI_RESPONSES,
+        lambda body: {**body, "stream": False},
+        lambda answer, model, _clock: dict(answer)),
+}
+
+
+def processed_routes(native: tuple[Dialect, ...] | list[Dialect],
+                     bridges: bool) -> list[tuple[Dialect, Dialect, Translator]]:
+    """(caller API, API spoken upstream, translator) for each caller API that reaches a
+    target speaking `native` through the sidecar's response processing: Responses callers of
+    a Responses target always, and, when the group bridges, every bridged caller API."""
+    routes = [(dialect, dialect, translator) for dialect, translator in UNARY_NATIVE.items()
+              if dialect in native]
+    if bridges:
+        for caller in bridged_callers(native):
+            target = bridge_target(caller, native)
+            if target is not None:
+                routes.append((caller, target, _TRANSLATORS[(caller, target)]))
+    return routes
 
 
 def translator_for(caller: Dialect, target: Dialect) -> Translator | None:

@@ -80,7 +80,7 @@ from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any
 
-from sidecar.bridge.registry import bridged_callers
+from sidecar.bridge.registry import processed_routes
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
 from sidecar.envoy_config.bridges import bridge_filters
@@ -161,9 +161,8 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
                     filters,
                 )
             )
-            if not group.bridges:
-                continue
-            for caller in bridged_callers(config.target_dialects(target)):
+            processed = processed_routes(config.target_dialects(target), group.bridges)
+            for caller, _, _ in processed:
                 clusters.append(_target_cluster(
                     bridge_cluster_name(group_name, index, target.provider, caller.value),
                     provider.base_url, provider.connect_timeout_seconds, addresses.ca_bundle,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.bridge.registry import Translator, bridge_target, bridged_callers, translator_for
+from sidecar.bridge.registry import Translator, processed_routes
 from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
 from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
@@ -119,23 +119,20 @@ class Runtime:
                                         model_ref=target.model_ref)
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
-                if group.bridges:
-                    self._add_bridges(config, group_name, index, target)
+                self._add_processed(config, group_name, index, target, group.bridges)
         self.forwarded_headers = forwarded_request_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
         # bootstrap is not the rendered one, and a key reached the sidecar.
         self.credential_headers = frozenset(credential_headers(config))
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
 
-    def _add_bridges(self, config: SidecarConfig, group_name: str, index: int,
-                     target: Target) -> None:
+    def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
+                       target: Target, bridges: bool) -> None:
+        """Routes through the sidecar's response processing: bridges, and Responses
+        requests to Responses targets (unary upstream, see bridge/registry.py)."""
         native = config.target_dialects(target)
         provider = config.providers[target.provider]
-        for caller in bridged_callers(native):
-            speaks = bridge_target(caller, native)
-            translator = translator_for(caller, speaks) if speaks else None
-            if speaks is None or translator is None:
-                continue
+        for caller, speaks, translator in processed_routes(native, bridges):
             cluster = bridge_cluster_name(group_name, index, target.provider, caller.value)
             base_path = urlsplit(provider.base_url_for(speaks)).path.rstrip("/")
             route = TargetRoute(cluster=cluster, path=base_path + speaks.endpoint,
@@ -144,6 +141,8 @@ class Runtime:
             self.bridges[cluster] = BridgeRoute(route, translator, group_name)
             self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
             self.cluster_groups[cluster] = group_name
+            if caller is speaks:
+                continue
             known = self.bridge_translators.get((group_name, caller), ())
             if translator not in known:
                 self.bridge_translators[(group_name, caller)] = (*known, translator)

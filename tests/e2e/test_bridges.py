@@ -22,12 +22,13 @@ from sidecar.devstack.providers import Behaviour, FakeProvider
 pytestmark = pytest.mark.e2e
 
 TOKEN = "bridge-caller-token"
-KEYS = {"claude": "key-claude", "gpt": "key-gpt"}
+KEYS = {"claude": "key-claude", "gpt": "key-gpt", "resp": "key-resp"}
 CONFIG = """\
 providers:
   claude: {{base_url: '{claude}', credential: {{env: KEY_CLAUDE}},
             dialects: [anthropic_messages]}}
   gpt: {{base_url: '{gpt}', credential: {{env: KEY_GPT}}}}
+  resp: {{base_url: '{resp}', credential: {{env: KEY_RESP}}, dialects: [openai_responses]}}
 callers: [{{name: team-a, token_sha256: {digest}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
 models:
@@ -39,6 +40,8 @@ models:
     targets: [{{provider: gpt, model_ref: gpt-model}}]
   claude-native:
     targets: [{{provider: claude, model_ref: claude-model}}]
+  responses-native:
+    targets: [{{provider: resp, model_ref: resp-model}}]
   claude-json:
     bridges: true
     targets:
@@ -64,6 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess,
     fakes = [FakeProvider(name, api_key=key) for name, key in KEYS.items()]
     with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
             claude=providers.base_url("claude"), gpt=providers.base_url("gpt"),
+            resp=providers.base_url("resp"),
             digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS) as running:
         yield running
 
@@ -284,3 +288,20 @@ def test_a_stateful_responses_request_cannot_cross_a_bridge(stack) -> None:
         client.responses.create(model="gpt-only", input="again",
                                 previous_response_id="resp_123")
     assert "previous_response_id" in refused.value.message
+
+
+def test_responses_requests_go_upstream_unary_and_streams_are_synthesized(stack) -> None:
+    """SPEC (Streaming): OpenAI Responses keep unary upstream behaviour; a caller's stream
+    is synthesized from the answer, and stored-response ids travel unchanged."""
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    with client.responses.stream(model="responses-native", input="stream me") as stream:
+        final = stream.get_final_response()
+    assert final.output_text.startswith("Hello from resp serving resp-model")
+    received = providers.provider("resp").received[-1]
+    assert received.path.endswith("/v1/responses") and received.json()["stream"] is False
+    assert received.headers.get("authorization") == f"Bearer {KEYS['resp']}"
+    follow = client.responses.create(model="responses-native", input="and then?",
+                                     previous_response_id=final.id)
+    assert follow.output_text
+    assert providers.provider("resp").received[-1].json()["previous_response_id"] == final.id

@@ -136,7 +136,11 @@ def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
         assert validation.validation_context.trusted_ca.filename
     assert "sidecar_ext_proc" in clusters
     assert "sidecar_no_target" in clusters  # where a request without an order would go
-    assert len(clusters) == 5
+    # ... and the openai target once more, for Responses requests (unary upstream, the
+    # caller's stream synthesized: docs/dialects.md §12), with the response processed.
+    responses = clusters["target__adaptive-agent__2__openai__from_openai_responses"]
+    assert responses.transport_socket.name == "envoy.transport_sockets.tls"
+    assert len(clusters) == 6
 
 
 def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response() -> None:
@@ -167,7 +171,7 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
     config = load_config_file(FIXTURES / "spec_sample.yaml")
     document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
     targets = [c for c in document["static_resources"]["clusters"]
-               if c["name"].startswith("target__")]
+               if c["name"].startswith("target__") and "__from_" not in c["name"]]
     assert len(targets) == 3
     for cluster in targets:
         options = cluster["typed_extension_protocol_options"][

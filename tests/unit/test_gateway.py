@@ -94,7 +94,9 @@ def test_a_target_serves_every_dialect_its_provider_speaks(
     outcome = forward(gateway, path, {"model": "multi"})
     sets = dict(outcome.set_headers)
     assert sets[":path"] == upstream
-    assert outcome.attempts[0] == "target__multi__0__both"
+    # Responses requests take the target's response-processing cluster (unary upstream).
+    suffix = "__from_openai_responses" if path == "/v1/responses" else ""
+    assert outcome.attempts[0] == "target__multi__0__both" + suffix
 
 
 def test_a_pinned_api_limits_the_target_to_that_dialect(gateway: Gateway) -> None:
