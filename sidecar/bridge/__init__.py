@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class Untranslatable(ValueError):
     """A field of the request (or answer) has no faithful equivalent in the other dialect.
@@ -21,6 +24,16 @@ class Untranslatable(ValueError):
 
 class UnreadableAnswer(ValueError):
     """The upstream answer is not what its dialect promises: the caller gets a 502."""
+
+
+def translated_tools(tools: object,
+                     convert: Callable[[object, str], dict[str, Any]]) -> list[dict] | None:
+    """Each tool of a request converted (`convert(tool, path)`), or None when there are none."""
+    if not tools:
+        return None
+    if not isinstance(tools, list):
+        raise Untranslatable("tools", "a list is required")
+    return [convert(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
 
 
 def joined_text(content: object, where: str, separator: str, reason: str) -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text
+from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
 from sidecar.bridge.messages_to_chat import chat_assistant_message
 
 DEFAULT_MAX_TOKENS = 4096
@@ -51,11 +51,9 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
         if not (isinstance(stop, str) or _strings(stop)):
             raise Untranslatable("stop", "a string or a list of strings is required")
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise Untranslatable("tools", "a list is required")
-        out["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    tools = translated_tools(body.get("tools"), _tool)
+    if tools is not None:
+        out["tools"] = tools
     choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         out["tool_choice"] = choice

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text
+from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
 
 MAX_STOPS = 4  # Chat's limit on stop sequences
 _HANDLED = frozenset({"model", "system", "messages", "max_tokens", "tools", "tool_choice",
@@ -44,11 +44,9 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
         if len(stops) > MAX_STOPS:
             raise Untranslatable("stop_sequences", f"OpenAI Chat takes at most {MAX_STOPS}")
         out["stop"] = list(stops)
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise Untranslatable("tools", "a list is required")
-        out["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    tools = translated_tools(body.get("tools"), _tool)
+    if tools is not None:
+        out["tools"] = tools
     _tool_choice(body.get("tool_choice"), out)
     _thinking(body.get("thinking"), out)
     _output_config(body, out)

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.apis import Dialect
-from sidecar.bridge import chat_to_messages, messages_to_chat, responses_to_chat
+from sidecar.bridge import (
+    chat_to_messages,
+    chat_to_responses,
+    messages_to_chat,
+    responses_to_chat,
+)
 from sidecar.bridge.errors import translated_error
 
 Body = Mapping[str, Any]
@@ -68,6 +73,13 @@ UNARY_NATIVE = {
         lambda body: {**body, "stream": False},
         lambda answer, model, _clock: dict(answer)),
 }
+
+
+# Chat callers in a stateful session on a Responses target (docs/dialects.md §13): the
+# session's previous response id is threaded in by gateway/bridging.py.
+SESSION_TRANSLATOR = Translator(
+    Dialect.OPENAI_CHAT, Dialect.OPENAI_RESPONSES,
+    lambda body: chat_to_responses.request(body, None), chat_to_responses.response)
 
 
 def processed_routes(native: tuple[Dialect, ...] | list[Dialect],

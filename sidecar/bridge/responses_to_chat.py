@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text
+from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
 
 _DROPPED = frozenset({"metadata", "store", "service_tier", "include", "truncation"})
 _HANDLED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
@@ -36,11 +36,9 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("temperature", "top_p", "parallel_tool_calls", "user"):
         if body.get(key) is not None:
             out[key] = body[key]
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise Untranslatable("tools", "a list is required")
-        out["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    tools = translated_tools(body.get("tools"), _tool)
+    if tools is not None:
+        out["tools"] = tools
     choice = body.get("tool_choice")
     if choice is not None:
         out["tool_choice"] = _tool_choice(choice)

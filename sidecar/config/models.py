@@ -251,6 +251,13 @@ class Caller(StrictModel):
         return "*" in self.models or group in self.models
 
 
+class Sessions(StrictModel):
+    """Stateful Chat-to-Responses sessions (docs/dialects.md §13)."""
+
+    ttl_seconds: Annotated[PositiveInt, bounded(1, 30 * 86_400)] = 3600
+    max_entries: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
+
+
 class Limits(StrictModel):
     """Request limits enforced by Envoy and the sidecar."""
 
@@ -325,6 +332,7 @@ class SidecarConfig(StrictModel):
     limits: Limits = Limits()
     observations: Observations = Observations()
     telemetry: Telemetry = Telemetry()
+    sessions: Sessions = Sessions()
 
     @model_validator(mode="before")
     @classmethod

@@ -107,6 +107,8 @@ from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     EXT_PROC_CLUSTER,
     ROUTE_NAMESPACE,
+    SESSION_CALLER,
+    SESSION_KEY_HEADER,
     bridge_cluster_name,
     target_cluster_name,
 )
@@ -162,12 +164,16 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
                 )
             )
             processed = processed_routes(config.target_dialects(target), group.bridges)
-            for caller, _, _ in processed:
+            suffixes = [(caller.value, ()) for caller, _, _ in processed]
+            if any(caller is speaks for caller, speaks, _ in processed):  # Responses target
+                suffixes.append((SESSION_CALLER, (SESSION_KEY_HEADER,)))
+            for suffix, also_stripped in suffixes:
                 clusters.append(_target_cluster(
-                    bridge_cluster_name(group_name, index, target.provider, caller.value),
+                    bridge_cluster_name(group_name, index, target.provider, suffix),
                     provider.base_url, provider.connect_timeout_seconds, addresses.ca_bundle,
                     bridge_filters(message_timeout_ms, cleared,
-                                   cluster_stripped_headers(config, target.provider),
+                                   (*cluster_stripped_headers(config, target.provider),
+                                    *also_stripped),
                                    filters[0],
                                    injector_filters(config, target, addresses.secrets_dir))))
     return Bootstrap(

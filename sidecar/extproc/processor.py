@@ -160,7 +160,8 @@ class ProcessStream:
         assert attempt is not None
         anthropic = attempt.bridge.translator.caller.is_anthropic
         if kind == "request_body":
-            rewrite = bridging.request_rewrite(attempt, request.request_body.body)
+            rewrite = bridging.request_rewrite(attempt, request.request_body.body,
+                                               self._gateway.sessions)
             if isinstance(rewrite, ClientError):
                 return messages.immediate(Reply(rewrite.status, rewrite.render(anthropic))), True
             return messages.bridge_request(rewrite), False
@@ -170,7 +171,7 @@ class ProcessStream:
                 bridging.response_headers(attempt, headers)), False
         if kind == "response_body":
             return messages.bridge_response_body(bridging.response_body(
-                attempt, request.response_body.body, time.time)), True
+                attempt, request.response_body.body, time.time, self._gateway.sessions)), True
         _limited.warning("unexpected_message", "unexpected ext_proc message %s on a bridge; "
                          "continuing", kind)
         return None, True

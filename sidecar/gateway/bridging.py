@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.apis import DEFAULT_ANTHROPIC_VERSION, Dialect
-from sidecar.bridge import UnreadableAnswer, Untranslatable
+from sidecar.bridge import UnreadableAnswer, Untranslatable, chat_to_responses
 from sidecar.bridge.registry import Translator
 from sidecar.bridge.streams import chat_sse, messages_sse, responses_sse
 from sidecar.dialects.errors import ClientError
 from sidecar.gateway.runtime import BridgeRoute
+from sidecar.gateway.sessions import SessionStore
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
@@ -45,6 +46,7 @@ class BridgeAttempt:
     stream: bool = False
     include_usage: bool = False
     status: int = 0
+    session_key: str | None = None  # a stateful session's turn (sessions.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +58,8 @@ class Rewrite:
     body: bytes | None = None
 
 
-def request_rewrite(attempt: BridgeAttempt, body: bytes) -> Rewrite | ClientError:
+def request_rewrite(attempt: BridgeAttempt, body: bytes,
+                    sessions: SessionStore | None = None) -> Rewrite | ClientError:
     try:
         payload = json.loads(body)
     except ValueError:
@@ -68,7 +71,12 @@ def request_rewrite(attempt: BridgeAttempt, body: bytes) -> Rewrite | ClientErro
     options = payload.get("stream_options")
     attempt.include_usage = isinstance(options, dict) and options.get("include_usage") is True
     try:
-        translated = attempt.bridge.translator.request({**payload, "model": route.model_ref})
+        if attempt.bridge.session:
+            translated = _session_request(attempt, {**payload, "model": route.model_ref},
+                                          sessions)
+        else:
+            translated = attempt.bridge.translator.request({**payload,
+                                                            "model": route.model_ref})
     except Untranslatable as refused:  # routing checked it; a retry's body is the same
         return ClientError(400, f"This request cannot be bridged to another API: {refused}")
     new_body = json.dumps(translated, separators=(",", ":")).encode()
@@ -77,6 +85,13 @@ def request_rewrite(attempt: BridgeAttempt, body: bytes) -> Rewrite | ClientErro
     if attempt.bridge.translator.target.is_anthropic:
         headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
     return Rewrite(tuple(headers), ("anthropic-beta",), new_body)
+
+
+def _session_request(attempt: BridgeAttempt, payload: dict[str, Any],
+                     sessions: SessionStore | None) -> dict[str, Any]:
+    session = (sessions.get(attempt.session_key)
+               if sessions is not None and attempt.session_key else None)
+    return chat_to_responses.request(payload, session.response_id if session else None)
 
 
 def response_headers(attempt: BridgeAttempt, headers: Mapping[str, str]) -> Rewrite:
@@ -90,9 +105,13 @@ def response_headers(attempt: BridgeAttempt, headers: Mapping[str, str]) -> Rewr
                    ("content-length", "content-encoding"))
 
 
-def response_body(attempt: BridgeAttempt, body: bytes,
-                  clock: Callable[[], float]) -> Rewrite:
+def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float],
+                  sessions: SessionStore | None = None) -> Rewrite:
     translator = attempt.bridge.translator
+    if attempt.session_key and sessions is not None and 200 <= attempt.status < 300:
+        answered = chat_to_responses.response_id(body)
+        if answered is not None:
+            sessions.answered(attempt.session_key, answered)
     if not 200 <= attempt.status < 300:
         _status, error = translator.error(attempt.status, body)
         return Rewrite((), (), error)

@@ -9,18 +9,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
-from sidecar.dialects.body import BodyError, parse_body
+from sidecar.dialects.body import BodyError, ParsedBody, parse_body
 from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
-from sidecar.envoy_contract import CALLER_API_HEADER
+from sidecar.envoy_contract import CALLER_API_HEADER, SESSION_KEY_HEADER
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
 from sidecar.gateway.outcome import Forward, Reply, Retarget, body_size
@@ -31,8 +31,14 @@ from sidecar.gateway.retarget import (
     retarget,
 )
 from sidecar.gateway.runtime import Runtime, TargetRoute
+from sidecar.gateway.sessions import (
+    MAX_SESSION_ID_CHARS,
+    SessionStore,
+    session_key,
+    valid_session_id,
+)
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.routing.decision import NoEligibleTarget
+from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.rows import DecisionFacts
@@ -58,6 +64,7 @@ class Pending:
     stateful_session: bool = False
     request_id: str = ""  # Envoy's x-request-id, for the telemetry join
     traceparent: str = ""  # W3C trace context, checked at join time (telemetry/rows.py)
+    session_id: str = ""   # the caller's `x-session-id`, for Chat-to-Responses sessions
 
 
 class Gateway:
@@ -67,6 +74,8 @@ class Gateway:
         self._observations = observations
         self._log_decisions = log_decisions
         self._telemetry = telemetry
+        sessions = runtime.config.sessions
+        self.sessions = SessionStore(sessions.ttl_seconds, sessions.max_entries)
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
         self.retry_credentials_received = 0
 
@@ -106,9 +115,14 @@ class Gateway:
                           anthropic)
         if end_of_stream:
             return _error(ClientError(400, "Request body is required (a JSON object)"), anthropic)
+        session_id = headers.get(SESSION_HEADER, "")
+        if session_id and not valid_session_id(session_id):
+            return _error(ClientError(400, f"{SESSION_HEADER} must be 1 to "
+                                           f"{MAX_SESSION_ID_CHARS} printable ASCII characters"),
+                          anthropic)
         return Pending(caller, dialect, "anthropic-version" in headers,
                        SESSION_HEADER in headers, headers.get("x-request-id", ""),
-                       headers.get("traceparent", ""))
+                       headers.get("traceparent", ""), session_id)
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
@@ -138,6 +152,10 @@ class Gateway:
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
                                 _conversation_key(pending, model, group, payload), refusal)
+        session = (bool(pending.session_id) and pending.dialect is Dialect.OPENAI_CHAT
+                   and model in self._runtime.session_routes)
+        if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
+            summary = replace(summary, dialect=Dialect.OPENAI_RESPONSES)
         decision = self._runtime.router.decide(summary, self._observations)
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
@@ -148,6 +166,8 @@ class Gateway:
         if isinstance(decision, NoEligibleTarget):
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
+        if session:
+            return self._session_forward(pending, model, parsed, decision)
         routes = self._runtime.routes
         # A Responses request that continues a stored response or conversation lives at one
         # provider: another target has no such id, so it gets no fallback.
@@ -184,6 +204,38 @@ class Gateway:
         except RetargetError as exc:
             return _retry_refused(exc, path)
 
+    def _session_forward(self, pending: Pending, model: str, parsed: ParsedBody,
+                         decision: Decision) -> Reply | Forward:
+        """A Chat caller's stateful session: one target for its lifetime, one attempt per
+        turn (the provider holds the state), the previous response threaded in upstream."""
+        routes = self._runtime.session_routes[model]
+        key = session_key(pending.caller.name, model, pending.session_id)
+        eligible = [choice.index for choice in decision.ordered]
+        session = self.sessions.get(key)
+        if session is not None:
+            if session.target_index not in eligible:
+                self.sessions.forget(key)
+                return _error(ClientError(409, "This session's target can no longer serve "
+                                               "this request; start a new session (a new "
+                                               f"{SESSION_HEADER})."), False)
+            index = session.target_index
+        else:
+            index = next((i for i in eligible if i in routes), -1)
+            if index < 0:
+                return _error(ClientError(400, "A stateful session needs an eligible target "
+                                               "that speaks the OpenAI Responses API."), False)
+            self.sessions.pin(key, index)
+        route = routes[index]
+        new_body = parsed.model_replaced(route.model_ref)
+        set_headers = (
+            (":path", route.path),
+            ("content-length", str(body_size(new_body))),
+            (MAX_RETRIES_HEADER, "0"),
+            *self._runtime.attempt_headers[model],
+            (SESSION_KEY_HEADER, key),
+        )
+        return Forward((route.cluster,), set_headers, (), new_body, decision)
+
     def bridge_attempt(self, cluster: str, headers: Mapping[str, str]) -> BridgeAttempt | None:
         """An attempt through a bridge cluster (every attempt asks, first ones included)."""
         bridge = self._runtime.bridges.get(cluster)
@@ -191,7 +243,8 @@ class Gateway:
             return None
         if not self._runtime.credential_headers.isdisjoint(headers):
             self.retry_credentials_received += 1
-        return BridgeAttempt(bridge)
+        key = headers.get(SESSION_KEY_HEADER) if bridge.session else None
+        return BridgeAttempt(bridge, session_key=key)
 
     def on_attempt_body(self, route: TargetRoute, body: bytes) -> Retarget | Reply:
         try:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.bridge.registry import Translator, processed_routes
-from sidecar.config.models import Caller, SidecarConfig, Target
+from sidecar.bridge.registry import SESSION_TRANSLATOR, Translator, processed_routes
+from sidecar.config.models import Caller, Provider, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
-from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
+from sidecar.envoy_contract import SESSION_CALLER, bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router
 
@@ -45,6 +45,7 @@ class BridgeRoute:
     route: TargetRoute
     translator: Translator
     group: str
+    session: bool = False
 
 
 def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
@@ -107,6 +108,9 @@ class Runtime:
         # need (docs/dialects.md).
         self.bridges: dict[str, BridgeRoute] = {}
         self.bridge_translators: dict[tuple[str, Dialect], tuple[Translator, ...]] = {}
+        # Per group, the targets a Chat caller's stateful session may use (target index →
+        # session route): those speaking OpenAI Responses natively.
+        self.session_routes: dict[str, dict[int, TargetRoute]] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
@@ -142,10 +146,22 @@ class Runtime:
             self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
             self.cluster_groups[cluster] = group_name
             if caller is speaks:
+                self._add_session(group_name, index, target, provider, base_path)
                 continue
             known = self.bridge_translators.get((group_name, caller), ())
             if translator not in known:
                 self.bridge_translators[(group_name, caller)] = (*known, translator)
+
+    def _add_session(self, group_name: str, index: int, target: Target, provider: Provider,
+                     base_path: str) -> None:
+        cluster = bridge_cluster_name(group_name, index, target.provider, SESSION_CALLER)
+        route = TargetRoute(cluster=cluster,
+                            path=base_path + Dialect.OPENAI_RESPONSES.endpoint,
+                            model_ref=target.model_ref)
+        self.session_routes.setdefault(group_name, {})[index] = route
+        self.bridges[cluster] = BridgeRoute(route, SESSION_TRANSLATOR, group_name, session=True)
+        self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
+        self.cluster_groups[cluster] = group_name
 
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

@@ -305,3 +305,44 @@ def test_responses_requests_go_upstream_unary_and_streams_are_synthesized(stack)
                                      previous_response_id=final.id)
     assert follow.output_text
     assert providers.provider("resp").received[-1].json()["previous_response_id"] == final.id
+
+
+def test_a_three_turn_stateful_session_threads_previous_response_id(stack) -> None:
+    """A Chat caller opts into a session with `x-session-id`; each turn goes to the same
+    Responses target, carrying the previous turn's response id and only the new turns."""
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0,
+                           default_headers={"x-session-id": "session-one"})
+    history = [{"role": "system", "content": "be brief"}]
+    seen: list[dict] = []
+    for turn in ("first", "second", "third"):
+        history.append({"role": "user", "content": f"{turn} turn"})
+        stream = turn == "third"
+        if stream:
+            chunks = list(client.chat.completions.create(model="responses-native",
+                                                         messages=history, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            reply = client.chat.completions.create(model="responses-native", messages=history)
+            assert reply.object == "chat.completion"
+            text = reply.choices[0].message.content
+        assert text.startswith("Hello from resp")
+        history.append({"role": "assistant", "content": text})
+        seen.append(providers.provider("resp").received[-1].json())
+    first, second, third = seen
+    assert "previous_response_id" not in first and first["instructions"] == "be brief"
+    assert second["previous_response_id"].startswith("resp_")
+    assert third["previous_response_id"].startswith("resp_")
+    assert third["previous_response_id"] != second["previous_response_id"]
+    assert second["input"] == [{"role": "user", "content": "second turn"}]  # only the new turn
+    # Another caller's identical session id is another session; a bad id is refused.
+    other = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0,
+                          default_headers={"x-session-id": "session-two"})
+    other.chat.completions.create(model="responses-native",
+                                  messages=[{"role": "user", "content": "hi"}])
+    assert "previous_response_id" not in providers.provider("resp").received[-1].json()
+    bad = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0,
+                        default_headers={"x-session-id": "x" * 500})
+    with pytest.raises(openai.BadRequestError):
+        bad.chat.completions.create(model="responses-native",
+                                    messages=[{"role": "user", "content": "hi"}])

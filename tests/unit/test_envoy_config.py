@@ -140,7 +140,9 @@ def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
     # caller's stream synthesized: docs/dialects.md §12), with the response processed.
     responses = clusters["target__adaptive-agent__2__openai__from_openai_responses"]
     assert responses.transport_socket.name == "envoy.transport_sockets.tls"
-    assert len(clusters) == 6
+    # ... and for Chat callers' stateful sessions on it (dialects.md §13).
+    assert "target__adaptive-agent__2__openai__from_openai_chat_session" in clusters
+    assert len(clusters) == 7
 
 
 def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response() -> None:
