@@ -42,6 +42,11 @@ models:
     targets: [{{provider: claude, model_ref: claude-model}}]
   responses-native:
     targets: [{{provider: resp, model_ref: resp-model}}]
+  responses-pair:
+    strategy: failover
+    targets:
+      - {{provider: resp, model_ref: resp-plain}}
+      - {{provider: resp, model_ref: resp-json, supports_structured_output: true}}
   claude-json:
     bridges: true
     targets:
@@ -346,3 +351,22 @@ def test_a_three_turn_stateful_session_threads_previous_response_id(stack) -> No
     with pytest.raises(openai.BadRequestError):
         bad.chat.completions.create(model="responses-native",
                                     messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_session_whose_target_became_ineligible_fails_clearly(stack) -> None:
+    up, providers = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0,
+                           default_headers={"x-session-id": "session-gone"})
+    history = [{"role": "user", "content": "hello"}]
+    reply = client.chat.completions.create(model="responses-pair", messages=history)
+    assert providers.provider("resp").received[-1].json()["model"] == "resp-plain"
+    history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "now as JSON"}]
+    before = len(providers.provider("resp").received)
+    # The pinned target declares no structured output: for this turn only the other one is
+    # eligible, and a session never moves.
+    with pytest.raises(openai.ConflictError) as conflict:
+        client.chat.completions.create(model="responses-pair", messages=history,
+                                       response_format={"type": "json_object"})
+    assert "start a new session" in conflict.value.message
+    assert len(providers.provider("resp").received) == before
