@@ -1,0 +1,132 @@
+"""Routing strategies behind one interface, and the registry that names them
+(docs/strategies.md).
+
+A decision runs in stages, in the manner of an endpoint picker: the shared **filter**
+(gates.py: eligibility or hard filters, contract, spend ceiling — the same for every
+strategy), then the strategy's own **score and pick** (`Strategy.order`), which returns the
+eligible targets in attempt order: the primary first, then the fallbacks. A strategy keeps
+whatever state it needs per group (a rotation, pins, ejections) and records its reasons in
+the trace. Adding a strategy means one class and one registry entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sidecar.config.models import ModelGroup
+from sidecar.routing.affinity import AffinityStore, Clock
+from sidecar.routing.decision import TargetChoice
+from sidecar.routing.dynamic_score import DynamicScore
+from sidecar.routing.ejection import Ejections
+from sidecar.routing.observations import ObservationView
+from sidecar.routing.request import RequestSummary
+from sidecar.routing.trace import CandidateTrace, DecisionTrace
+from sidecar.routing.weighted import WeightedRotation
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What one decision's score-and-pick stage sees."""
+
+    request: RequestSummary
+    observations: ObservationView
+    trace: DecisionTrace
+
+
+class Strategy(Protocol):
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        """The eligible targets in attempt order (never empty, never another target)."""
+        ...
+
+
+class Rotations:
+    """One weighted rotation per candidate set of a group: requests that can use the same
+    targets share a rotation, so each class of request gets exactly its mix. At most
+    2^targets sets, created on first use."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._rotations: dict[tuple[int, ...], WeightedRotation] = {}
+
+    def __call__(self, indices: tuple[int, ...]) -> WeightedRotation:
+        rotation = self._rotations.get(indices)
+        if rotation is None:
+            rotation = self._rotations[indices] = WeightedRotation(self._size)
+        return rotation
+
+
+class Failover:
+    """Declared order: the first eligible target, then the next ones."""
+
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        context.trace.order = "declared"
+        return eligible
+
+
+class Weighted:
+    """Primary by the weighted rotation; fallbacks by descending weight, then declared
+    order, so the fallback order is stable and favours the declared mix."""
+
+    def __init__(self, rotations: Rotations) -> None:
+        self._rotations = rotations
+
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        trace = context.trace
+        trace.order = "weighted_rotation"
+        weights = [c.target.weight for c in eligible]
+        total = sum(weights) or 1
+        trace.defer_candidates(lambda only: [
+            CandidateTrace(c.label, round(c.target.weight / total, 6),
+                           final_share=round(c.target.weight / total, 6))
+            for c in eligible if only is None or c.label == only])
+        indices = tuple(c.index for c in eligible)
+        primary_index = self._rotations(indices).pick(indices, weights)
+        primary = next(c for c in eligible if c.index == primary_index)
+        rest = sorted((c for c in eligible if c.index != primary_index),
+                      key=lambda c: (-c.target.weight, c.index))
+        return [primary, *rest]
+
+
+class DynamicScoreStrategy:
+    """dynamic_score (dynamic_score.py): thresholds and ejection, scores, the capped blend,
+    affinity and probes, over the shared rotation."""
+
+    def __init__(self, group: ModelGroup, rotations: Rotations, clock: Clock) -> None:
+        policy = group.dynamic_score
+        self.core = DynamicScore(group)
+        self.rotations = rotations
+        self.affinity = (AffinityStore(policy.affinity.ttl_seconds, policy.affinity.max_entries,
+                                       clock) if policy.affinity.enabled else None)
+        self.ejections = Ejections(policy.observation_window_seconds, clock)
+
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        return self.core.order(context.request, eligible, context.observations,
+                               self.rotations, context.trace, self.affinity, self.ejections)
+
+
+Factory = Callable[[ModelGroup, Clock], Strategy]
+
+
+def _weighted(group: ModelGroup, _clock: Clock) -> Strategy:
+    return Weighted(Rotations(len(group.targets)))
+
+
+def _failover(_group: ModelGroup, _clock: Clock) -> Strategy:
+    return Failover()
+
+
+def _dynamic(group: ModelGroup, clock: Clock) -> Strategy:
+    return DynamicScoreStrategy(group, Rotations(len(group.targets)), clock)
+
+
+REGISTRY: dict[str, Factory] = {
+    "weighted": _weighted,
+    "failover": _failover,
+    "dynamic_score": _dynamic,
+}
+
+
+def strategy_for(group: ModelGroup, clock: Clock) -> Strategy:
+    return REGISTRY[group.strategy](group, clock)
