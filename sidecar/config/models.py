@@ -174,7 +174,55 @@ class Contract(StrictModel):
     require_validation_status: Literal["passed"] | None = None
 
 
-Strategy = Literal["weighted", "failover", "dynamic_score"]
+Strategy = Literal["weighted", "failover", "dynamic_score", "script"]
+
+
+class TargetSelector(StrictModel):
+    """Targets of the group by tag or by label (`provider/model_ref`); any match counts."""
+
+    tags: list[str] = Field(default_factory=list)
+    targets: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _something(self) -> TargetSelector:
+        if not self.tags and not self.targets:
+            raise ValueError("name at least one tag or target")
+        return self
+
+
+class ScriptRule(StrictModel):
+    """`when` the condition holds (docs/strategies.md), apply the actions in this order:
+    require, exclude, prefer, order."""
+
+    when: str = "true"
+    require: TargetSelector | None = None
+    exclude: TargetSelector | None = None
+    prefer: TargetSelector | None = None
+    order: list[str] | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        from sidecar.routing.conditions import ConditionError, compile_condition
+
+        try:
+            compile_condition(value)
+        except ConditionError as exc:
+            raise ValueError(f"condition {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _acts(self) -> ScriptRule:
+        if not (self.require or self.exclude or self.prefer or self.order):
+            raise ValueError("a rule needs an action: require, exclude, prefer or order")
+        return self
+
+
+class ScriptPolicy(StrictModel):
+    """The `script` strategy's rules, applied in order to the base order's result."""
+
+    base: Literal["weighted", "failover"] = "weighted"
+    rules: list[ScriptRule] = Field(min_length=1)
 _DEFAULT_DYNAMIC_SCORE = DynamicScorePolicy()
 
 
@@ -208,10 +256,28 @@ class ModelGroup(StrictModel):
     contract: Contract | None = None
     routing_policy: RoutingPolicy = RoutingPolicy()
     fallback: Fallback = Fallback()
+    script: ScriptPolicy | None = None
     # Let callers of one API reach targets of another through a bridge (docs/dialects.md).
     # Off by default: a bridge translates, and some fields cannot cross (then the target is
     # ineligible for that request).
     bridges: bool = False
+
+    @model_validator(mode="after")
+    def _script_names_its_targets(self) -> ModelGroup:
+        if self.strategy == "script" and self.script is None:
+            raise ValueError("strategy: script needs a 'script' block with rules")
+        if self.script is None:
+            return self
+        labels = {f"{t.provider}/{t.model_ref}" for t in self.targets}
+        for i, rule in enumerate(self.script.rules):
+            named = list(rule.order or [])
+            for selector in (rule.require, rule.exclude, rule.prefer):
+                named += selector.targets if selector else []
+            unknown = [label for label in named if label not in labels]
+            if unknown:
+                raise ValueError(f"script.rules[{i}]: no target {unknown[0]!r} in this group "
+                                 f"(targets: {', '.join(sorted(labels))})")
+        return self
 
     @model_validator(mode="after")
     def _bridges_need_no_native_filter(self) -> ModelGroup:

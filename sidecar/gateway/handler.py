@@ -274,9 +274,10 @@ def _conversation_key(pending: Pending, model: str, group: ModelGroup,
 
 
 def scan_limit(group: ModelGroup) -> int:
-    """How much prompt text the routing core may scan: only dynamic_score groups with the
-    prompt_features signal on look at text at all."""
-    if group.strategy != "dynamic_score":
+    """How much prompt text the routing core may scan: only dynamic_score and script groups
+    (whose rules may read prompt features and complexity) with the prompt_features signal
+    on look at text at all."""
+    if group.strategy not in ("dynamic_score", "script"):
         return 0
     features = group.dynamic_score.signals.prompt_features
     return features.max_scan_bytes if features.enabled else 0

@@ -96,6 +96,8 @@ def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
             words = _CONTRACT_WORDS
         elif stage == SPEND_CEILING:
             words = _SPEND_WORDS
+        elif stage.startswith("script."):
+            words = "the group's routing rules exclude the rest"
         elif stage == BRIDGE_STAGE:
             words = (f"the request cannot be bridged to another API "
                      f"({request.bridge_refusal})").replace("{", "{{").replace("}", "}}")

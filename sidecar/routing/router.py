@@ -25,7 +25,8 @@ from sidecar.routing.trace import DecisionTrace
 
 
 class Router:
-    def __init__(self, config: SidecarConfig, clock: Clock = time.monotonic) -> None:
+    def __init__(self, config: SidecarConfig, clock: Clock = time.monotonic,
+                 wall_clock: Clock = time.time) -> None:
         self._config = config
         # What depends on the configuration alone, resolved once per group.
         self._gates: dict[str, GroupGates] = {
@@ -34,7 +35,8 @@ class Router:
         }
         # Each group's strategy with its state (strategies.py).
         self._strategies: dict[str, Strategy] = {
-            name: strategy_for(group, clock) for name, group in config.models.items()
+            name: strategy_for(group, clock, wall_clock)
+            for name, group in config.models.items()
         }
 
     def decide(self, request: RequestSummary,
@@ -50,6 +52,8 @@ class Router:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         ordered = self._strategies[request.group].order(
             Context(request, observations, trace), eligible)
+        if not ordered:  # a script rule required what no eligible target offers
+            return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         return Decision(request.group, group.strategy, tuple(ordered), trace)
 
     def ejections(self, group: str) -> Ejections | None:

@@ -11,17 +11,27 @@ the trace. Adding a strategy means one class and one registry entry.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
-from sidecar.config.models import ModelGroup
+from sidecar.config.models import ModelGroup, TargetSelector
+from sidecar.config.policy import Signals
 from sidecar.routing.affinity import AffinityStore, Clock
+from sidecar.routing.conditions import compile_condition
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.dynamic_score import DynamicScore
 from sidecar.routing.ejection import Ejections
 from sidecar.routing.observations import ObservationView
 from sidecar.routing.request import RequestSummary
+from sidecar.routing.signals import (
+    FeatureDetector,
+    complexity,
+    prompt_feature_detector,
+    request_shape_buckets,
+)
 from sidecar.routing.trace import CandidateTrace, DecisionTrace
 from sidecar.routing.weighted import WeightedRotation
 
@@ -106,27 +116,102 @@ class DynamicScoreStrategy:
                                self.rotations, context.trace, self.affinity, self.ejections)
 
 
-Factory = Callable[[ModelGroup, Clock], Strategy]
+class Script:
+    """`script`: the base order (weighted or failover), then the group's rules in order;
+    each rule whose condition holds requires, excludes, prefers or orders targets
+    (docs/strategies.md). Rules read the request's features (`script_features`) only."""
+
+    def __init__(self, group: ModelGroup, base: Strategy, wall_clock: Clock) -> None:
+        assert group.script is not None
+        self._base = base
+        self._base_name = group.script.base
+        self._rules = [(compile_condition(rule.when), rule) for rule in group.script.rules]
+        self._signals = group.dynamic_score.signals
+        self._detect = prompt_feature_detector(self._signals)
+        self._wall = wall_clock
+
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        trace = context.trace
+        current = self._base.order(context, eligible)
+        features = script_features(context.request, self._detect, self._signals, self._wall())
+        applied = []
+        for index, (condition, rule) in enumerate(self._rules):
+            if not condition(features):
+                continue
+            applied.append(str(index))
+            where = f"script.rules[{index}]"
+            if rule.require is not None:
+                current = _keep(current, rule.require, True, f"{where}.require", trace)
+            if rule.exclude is not None:
+                current = _keep(current, rule.exclude, False, f"{where}.exclude", trace)
+            if rule.prefer is not None:
+                current = ([c for c in current if _matches(c, rule.prefer)]
+                           + [c for c in current if not _matches(c, rule.prefer)])
+            if rule.order:
+                rank = {label: position for position, label in enumerate(rule.order)}
+                current = sorted(current, key=lambda c: rank.get(c.label, len(rank)))
+        trace.order = (f"script({self._base_name}): rules "
+                       f"{', '.join(applied) if applied else 'none'} applied")
+        return current
 
 
-def _weighted(group: ModelGroup, _clock: Clock) -> Strategy:
+def script_features(request: RequestSummary, detect: FeatureDetector, signals: Signals,
+                    now: float) -> dict[str, object]:
+    """What a script condition may read: the request's buckets, never its text."""
+    features = detect(request)
+    result = complexity(request, features, signals)
+    shape = request_shape_buckets(request)
+    moment = datetime.fromtimestamp(now, UTC)
+    return {**shape, "complexity": result.bucket.value if result else "none",
+            "features": frozenset(f.value for f in features), "caller": request.caller,
+            "hour_utc": float(moment.hour), "weekday": moment.strftime("%a").lower(),
+            "prompt_chars": float(request.prompt_chars)}
+
+
+def _matches(choice: TargetChoice, selector: TargetSelector) -> bool:
+    return (choice.label in selector.targets
+            or not set(selector.tags).isdisjoint(choice.target.tags))
+
+
+def _keep(current: list[TargetChoice], selector: TargetSelector, matching: bool, stage: str,
+          trace: DecisionTrace) -> list[TargetChoice]:
+    kept = []
+    for choice in current:
+        if _matches(choice, selector) == matching:
+            kept.append(choice)
+        else:
+            trace.exclude(choice.label, stage)
+    return kept
+
+
+Factory = Callable[[ModelGroup, Clock, Clock], Strategy]
+
+
+def _weighted(group: ModelGroup, _clock: Clock, _wall: Clock) -> Strategy:
     return Weighted(Rotations(len(group.targets)))
 
 
-def _failover(_group: ModelGroup, _clock: Clock) -> Strategy:
+def _failover(_group: ModelGroup, _clock: Clock, _wall: Clock) -> Strategy:
     return Failover()
 
 
-def _dynamic(group: ModelGroup, clock: Clock) -> Strategy:
+def _dynamic(group: ModelGroup, clock: Clock, _wall: Clock) -> Strategy:
     return DynamicScoreStrategy(group, Rotations(len(group.targets)), clock)
+
+
+def _script(group: ModelGroup, clock: Clock, wall: Clock) -> Strategy:
+    assert group.script is not None
+    return Script(group, REGISTRY[group.script.base](group, clock, wall), wall)
 
 
 REGISTRY: dict[str, Factory] = {
     "weighted": _weighted,
     "failover": _failover,
     "dynamic_score": _dynamic,
+    "script": _script,
 }
 
 
-def strategy_for(group: ModelGroup, clock: Clock) -> Strategy:
-    return REGISTRY[group.strategy](group, clock)
+def strategy_for(group: ModelGroup, clock: Clock, wall_clock: Clock = time.time) -> Strategy:
+    """`clock`: monotonic (TTLs, windows); `wall_clock`: time of day, for script rules."""
+    return REGISTRY[group.strategy](group, clock, wall_clock)
