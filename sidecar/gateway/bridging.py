@@ -123,10 +123,14 @@ def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float
         translated = translator.response(answer, model, clock)
     except (ValueError, UnreadableAnswer):
         error = ClientError(502, "The provider's answer could not be translated to this API.")
-        return Rewrite(((":status", "502"), ("content-type", JSON)), (),
-                       error.render(translator.caller.is_anthropic))
+        rendered = error.render(translator.caller.is_anthropic)
+        return Rewrite(((":status", "502"), ("content-type", JSON),
+                        ("content-length", str(len(rendered)))), (), rendered)
     if not attempt.stream:
-        return Rewrite((), (), json.dumps(translated, separators=(",", ":")).encode())
+        answer_body = json.dumps(translated, separators=(",", ":")).encode()
+        # A length, as the provider's own JSON had: Envoy's usage extraction reads only
+        # replies of declared length (observation_filters.py).
+        return Rewrite((("content-length", str(len(answer_body))),), (), answer_body)
     if translator.caller.is_anthropic:
         return Rewrite((), (), messages_sse(translated))
     if translator.caller is Dialect.OPENAI_RESPONSES:

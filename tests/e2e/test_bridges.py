@@ -31,6 +31,7 @@ providers:
   resp: {{base_url: '{resp}', credential: {{env: KEY_RESP}}, dialects: [openai_responses]}}
 callers: [{{name: team-a, token_sha256: {digest}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
+telemetry: {{sqlite_path: '{db}'}}
 models:
   claude-only:
     bridges: true
@@ -72,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess,
     fakes = [FakeProvider(name, api_key=key) for name, key in KEYS.items()]
     with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
             claude=providers.base_url("claude"), gpt=providers.base_url("gpt"),
-            resp=providers.base_url("resp"),
+            resp=providers.base_url("resp"), db=workdir / "telemetry.db",
             digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS) as running:
         yield running
 
@@ -370,3 +371,28 @@ def test_a_session_whose_target_became_ineligible_fails_clearly(stack) -> None:
                                        response_format={"type": "json_object"})
     assert "start a new session" in conflict.value.message
     assert len(providers.provider("resp").received) == before
+
+
+def test_bridged_requests_are_observed_and_joined_on_their_target(stack) -> None:
+    """Telemetry and observations see a bridged request as its target's: the serving
+    target, attempts and the usage the caller got (translated)."""
+    import sqlite3
+    import time
+
+    up, _ = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    started = time.time()
+    reply = client.chat.completions.create(model="claude-only",
+                                           messages=[{"role": "user", "content": "count"}])
+    db_path = next(Path(up.log_path).parent.glob("telemetry.db"))
+    deadline = time.monotonic() + 30
+    rows: list = []
+    while time.monotonic() < deadline and not rows:
+        with sqlite3.connect(db_path) as db:
+            rows = db.execute(
+                "SELECT serving_target, attempts, output_tokens, status FROM request_rows "
+                "WHERE group_name = 'claude-only' AND started_at >= ?", (started,)).fetchall()
+        time.sleep(0.05)
+    assert rows == [("claude/claude-model", 1, reply.usage.completion_tokens, 200)]
+    observed = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/observations").json()
+    assert observed["targets"]["claude/claude-model"]["count"] >= 1
