@@ -201,6 +201,30 @@ def ratios(medians: dict[str, dict[str, float]]) -> list[str]:
     return out
 
 
+def alternate(make_rows: Callable[[int, ProviderThread, Path], list[Row]], rounds: int,
+              seconds: float, streams: int,
+              finish: Callable[[Path], object] = lambda _workdir: None
+              ) -> tuple[list[Row], object]:
+    """Start the fast provider and the streaming demo provider, measure the rows round by
+    round (alternating), then `finish(workdir)` while the work folder still exists."""
+    text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))  # + role, stop, usage, DONE
+    drip = FakeProvider("drip", behaviour=Behaviour(
+        inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
+    with ProviderThread([drip]) as drip_server, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        provider, fast_port = fast_provider(workdir)
+        try:
+            wait_http(fast_port, CHAT_PATH)
+            table = make_rows(fast_port, drip_server, workdir)
+            for _ in range(rounds):
+                for row in table:
+                    row.results.append(measure(row, workdir, seconds, streams))
+                    time.sleep(0.5)
+        finally:
+            provider.stop()
+        return table, finish(workdir)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -212,21 +236,8 @@ def main() -> int:
                         default=Path(__file__).parent / ".litellm-venv")
     args = parser.parse_args()
     venv = None if args.skip_litellm else ensure_litellm(args.litellm_venv)
-    text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))  # + role, stop, usage, DONE
-    drip = FakeProvider("drip", behaviour=Behaviour(
-        inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
-    with ProviderThread([drip]) as drip_server, tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        provider, fast_port = fast_provider(workdir)
-        try:
-            wait_http(fast_port, CHAT_PATH)
-            table = rows(fast_port, drip_server, venv)
-            for _ in range(args.rounds):
-                for row in table:
-                    row.results.append(measure(row, workdir, args.seconds, args.streams))
-                    time.sleep(0.5)
-        finally:
-            provider.stop()
+    table, _ = alternate(lambda fast_port, drip, _workdir: rows(fast_port, drip, venv),
+                         args.rounds, args.seconds, args.streams)
     version = None
     if venv is not None:
         version = subprocess.run([str(venv / "bin" / "python"), "-c",

@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import statistics
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_processes import TOKEN, fast_provider, sidecar_stack, wait_http
+from bench_processes import TOKEN, sidecar_stack
 from mode_runner import publish
-from side_by_side import CHAT_PATH, EVENT_SPACING_MS, STREAM_EVENTS, Row, Started, measure
+from side_by_side import CHAT_PATH, EVENT_SPACING_MS, STREAM_EVENTS, Row, Started, alternate
 
 from sidecar.devstack.harness import ProviderThread
-from sidecar.devstack.providers import Behaviour, FakeProvider
 
 KEYS = ("rps_c32", "p50_c1", "p99_c1", "p50_c32", "p99_c32", "ttfb_p50", "cpu_sidecar",
         "cpu_envoy")
@@ -89,24 +86,13 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))
-    drip = FakeProvider("drip", behaviour=Behaviour(
-        inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
-    with ProviderThread([drip]) as drip_server, tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        provider, fast_port = fast_provider(workdir)
-        try:
-            wait_http(fast_port, CHAT_PATH)
-            table = rows(fast_port, drip_server, workdir)
-            for _ in range(args.rounds):
-                for row in table:
-                    row.results.append(measure(row, workdir, args.seconds, args.streams))
-                    time.sleep(0.5)
-        finally:
-            provider.stop()
+    def written(workdir: Path) -> int:
         with sqlite3.connect(workdir / "telemetry.db") as db:
-            written = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
-    publish(report(table, args.rounds, args.seconds, written), args.output)
+            return db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
+
+    table, count = alternate(rows, args.rounds, args.seconds, args.streams, written)
+    assert isinstance(count, int)
+    publish(report(table, args.rounds, args.seconds, count), args.output)
     return 0
 
 

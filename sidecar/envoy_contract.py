@@ -51,4 +51,3 @@ CACHED_TOKENS_KEY = "cached_tokens"
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).
 SESSION_KEY_HEADER = "x-sidecar-session"
-SESSION_CALLER = "openai_chat_session"  # the cluster-name suffix of session clusters

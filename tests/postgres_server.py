@@ -13,7 +13,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from sidecar.devstack.harness import free_port
 
 DSN_ENV = "SIDECAR_TEST_POSTGRES_DSN"
 
@@ -44,12 +45,6 @@ def _binaries() -> Path:
                                "(.ci/services does so)")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def postgres_server() -> Iterator[str]:
     """Yields an admin DSN (superuser `sidecar`, no password, loopback TCP)."""
@@ -69,7 +64,7 @@ def postgres_server() -> Iterator[str]:
         os.chown(root, user.pw_uid, user.pw_gid)
         os.chown(sockets, user.pw_uid, user.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     log = root / "server.log"
     try:
         subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "sidecar",

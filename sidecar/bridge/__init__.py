@@ -51,3 +51,21 @@ def joined_text(content: object, where: str, separator: str, reason: str) -> str
             texts.append(str(part.get("text", "")))
         return separator.join(texts)
     raise Untranslatable(where, "a string or a list of text parts is required")
+
+
+def chat_answer(answer: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """An OpenAI Chat answer read for translation: its first choice, that choice's message,
+    and the message's function calls (each with a `function` object); raises
+    `UnreadableAnswer` when the answer is not shaped so."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UnreadableAnswer("the OpenAI answer has no choices")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise UnreadableAnswer("tool calls that are not a list")
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise UnreadableAnswer("a tool call without a function")
+    return choice, message, calls

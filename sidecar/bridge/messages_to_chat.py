@@ -7,7 +7,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
+from sidecar.bridge import (
+    UnreadableAnswer,
+    Untranslatable,
+    chat_answer,
+    joined_text,
+    translated_tools,
+)
 
 MAX_STOPS = 4  # Chat's limit on stop sequences
 _HANDLED = frozenset({"model", "system", "messages", "max_tokens", "tools", "tool_choice",
@@ -210,21 +216,12 @@ def _thinking(thinking: object, out: dict[str, Any]) -> None:
 
 def response(answer: Mapping[str, Any], model: str) -> dict[str, Any]:
     """A Chat completion as the Messages answer a Messages caller expects."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UnreadableAnswer("the OpenAI answer has no choices")
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message, calls = chat_answer(answer)
     blocks: list[dict[str, Any]] = []
     if message.get("content"):
         blocks.append({"type": "text", "text": str(message["content"])})
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise UnreadableAnswer("tool calls that are not a list")
     for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise UnreadableAnswer("a tool call without a function")
+        function = call["function"]
         try:
             arguments = json.loads(function.get("arguments") or "{}")
         except (TypeError, ValueError):

@@ -82,18 +82,37 @@ SESSION_TRANSLATOR = Translator(
     lambda body: chat_to_responses.request(body, None), chat_to_responses.response)
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessedRoute:
+    """A way to a target through the sidecar's response processing: which caller API takes
+    it, the API spoken upstream, the translator, and its cluster-name suffix."""
+
+    caller: Dialect
+    speaks: Dialect
+    translator: Translator
+    suffix: str
+    kind: str  # "unary" (Responses to a Responses target), "bridge" or "session"
+
+
+SESSION_SUFFIX = "openai_chat_session"
+
+
 def processed_routes(native: tuple[Dialect, ...] | list[Dialect],
-                     bridges: bool) -> list[tuple[Dialect, Dialect, Translator]]:
-    """(caller API, API spoken upstream, translator) for each caller API that reaches a
-    target speaking `native` through the sidecar's response processing: Responses callers of
-    a Responses target always, and, when the group bridges, every bridged caller API."""
-    routes = [(dialect, dialect, translator) for dialect, translator in UNARY_NATIVE.items()
-              if dialect in native]
+                     bridges: bool) -> list[ProcessedRoute]:
+    """Each processed route to a target speaking `native`: Responses callers of a Responses
+    target always (and Chat callers' stateful sessions there), and, when the group bridges,
+    every bridged caller API."""
+    routes = [ProcessedRoute(dialect, dialect, translator, dialect.value, "unary")
+              for dialect, translator in UNARY_NATIVE.items() if dialect in native]
+    if Dialect.OPENAI_RESPONSES in native:
+        routes.append(ProcessedRoute(Dialect.OPENAI_CHAT, Dialect.OPENAI_RESPONSES,
+                                     SESSION_TRANSLATOR, SESSION_SUFFIX, "session"))
     if bridges:
         for caller in bridged_callers(native):
             target = bridge_target(caller, native)
             if target is not None:
-                routes.append((caller, target, _TRANSLATORS[(caller, target)]))
+                routes.append(ProcessedRoute(caller, target, _TRANSLATORS[(caller, target)],
+                                             caller.value, "bridge"))
     return routes
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
+from sidecar.bridge import Untranslatable, chat_answer, joined_text, translated_tools
 
 _DROPPED = frozenset({"metadata", "store", "service_tier", "include", "truncation"})
 _HANDLED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
@@ -159,11 +159,7 @@ def _text_format(text: object, out: dict[str, Any]) -> None:
 def response(answer: Mapping[str, Any], model: str,
              clock: Callable[[], float]) -> dict[str, Any]:
     """A Chat completion as the Responses object a Responses caller expects."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UnreadableAnswer("the OpenAI answer has no choices")
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message, calls = chat_answer(answer)
     base = str(answer.get("id", "")).removeprefix("chatcmpl-").removeprefix("chatcmpl_")
     output: list[dict[str, Any]] = []
     if message.get("content"):
@@ -171,13 +167,8 @@ def response(answer: Mapping[str, Any], model: str,
                        "role": "assistant",
                        "content": [{"type": "output_text", "text": str(message["content"]),
                                     "annotations": []}]})
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise UnreadableAnswer("tool calls that are not a list")
     for k, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise UnreadableAnswer("a tool call without a function")
+        function = call["function"]
         output.append({"type": "function_call", "id": f"fc_{base}_{k}",
                        "call_id": str(call.get("id", "")), "name": str(function.get("name")),
                        "arguments": str(function.get("arguments") or "{}"),

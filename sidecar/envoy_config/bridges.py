@@ -8,29 +8,13 @@ back. Native clusters never ask for the response: streams pass through them unto
 
 from __future__ import annotations
 
-from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
-    ProcessingMode,
-    ProcessingModeBodySendMode,
-    ProcessingModeHeaderSendMode,
-)
 from envoy_data_plane.envoy.extensions.filters.http.upstream_codec.v3 import UpstreamCodec
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
 from envoy_data_plane.google.protobuf import Any
 
-from sidecar.envoy_config.fallback import attempt_processor, strip_filter
-
-
-def full_mode() -> ProcessingMode:
-    return ProcessingMode(
-        request_header_mode=ProcessingModeHeaderSendMode.SEND,
-        response_header_mode=ProcessingModeHeaderSendMode.SEND,
-        request_body_mode=ProcessingModeBodySendMode.BUFFERED,
-        response_body_mode=ProcessingModeBodySendMode.BUFFERED,
-        request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-        response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
-    )
+from sidecar.envoy_config.fallback import attempt_processor, request_only_mode, strip_filter
 
 
 def bridge_filters(message_timeout_ms: int, credential_headers: tuple[str, ...],
@@ -38,7 +22,8 @@ def bridge_filters(message_timeout_ms: int, credential_headers: tuple[str, ...],
                    injectors: list[HttpFilter]) -> list[HttpFilter]:
     """Hold bounded replies (as every target cluster does), translate (every attempt, first
     ones included), strip, inject this target's key, then the codec."""
-    processor = attempt_processor(message_timeout_ms, credential_headers, full_mode())
+    processor = attempt_processor(message_timeout_ms, credential_headers,
+                                  request_only_mode(with_response=True))
     return [
         held,
         HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(processor)),

@@ -140,14 +140,17 @@ def no_target_cluster() -> Cluster:
                    load_assignment=ClusterLoadAssignment(cluster_name=NO_TARGET_CLUSTER))
 
 
-def request_only_mode() -> ProcessingMode:
-    """What both ext_proc filters ask for: request headers and the buffered body, nothing
-    of the response (the sidecar must never sit in a stream's path)."""
+def request_only_mode(with_response: bool = False) -> ProcessingMode:
+    """What the ext_proc filters ask for: request headers and the buffered body, nothing of
+    the response (the sidecar must never sit in a native stream's path) — except on bridge
+    clusters (`with_response`: the response's headers and buffered body too)."""
     return ProcessingMode(
         request_header_mode=ProcessingModeHeaderSendMode.SEND,
-        response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+        response_header_mode=(ProcessingModeHeaderSendMode.SEND if with_response
+                              else ProcessingModeHeaderSendMode.SKIP),
         request_body_mode=ProcessingModeBodySendMode.BUFFERED,
-        response_body_mode=ProcessingModeBodySendMode.NONE,
+        response_body_mode=(ProcessingModeBodySendMode.BUFFERED if with_response
+                            else ProcessingModeBodySendMode.NONE),
         request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
         response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
     )

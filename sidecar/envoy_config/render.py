@@ -107,7 +107,6 @@ from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     EXT_PROC_CLUSTER,
     ROUTE_NAMESPACE,
-    SESSION_CALLER,
     SESSION_KEY_HEADER,
     bridge_cluster_name,
     target_cluster_name,
@@ -163,17 +162,14 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
                     filters,
                 )
             )
-            processed = processed_routes(config.target_dialects(target), group.bridges)
-            suffixes = [(caller.value, ()) for caller, _, _ in processed]
-            if any(caller is speaks for caller, speaks, _ in processed):  # Responses target
-                suffixes.append((SESSION_CALLER, (SESSION_KEY_HEADER,)))
-            for suffix, also_stripped in suffixes:
+            for processed in processed_routes(config.target_dialects(target), group.bridges):
+                # A session never retries: its key may be stripped before the provider.
+                also = (SESSION_KEY_HEADER,) if processed.kind == "session" else ()
                 clusters.append(_target_cluster(
-                    bridge_cluster_name(group_name, index, target.provider, suffix),
+                    bridge_cluster_name(group_name, index, target.provider, processed.suffix),
                     provider.base_url, provider.connect_timeout_seconds, addresses.ca_bundle,
                     bridge_filters(message_timeout_ms, cleared,
-                                   (*cluster_stripped_headers(config, target.provider),
-                                    *also_stripped),
+                                   (*cluster_stripped_headers(config, target.provider), *also),
                                    filters[0],
                                    injector_filters(config, target, addresses.secrets_dir))))
     return Bootstrap(

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.apis import Dialect
-from sidecar.bridge.registry import SESSION_TRANSLATOR, Translator, processed_routes
-from sidecar.config.models import Caller, Provider, SidecarConfig, Target
+from sidecar.bridge.registry import Translator, processed_routes
+from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
-from sidecar.envoy_contract import SESSION_CALLER, bridge_cluster_name, target_cluster_name
+from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router
 
@@ -132,36 +132,27 @@ class Runtime:
 
     def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
                        target: Target, bridges: bool) -> None:
-        """Routes through the sidecar's response processing: bridges, and Responses
-        requests to Responses targets (unary upstream, see bridge/registry.py)."""
-        native = config.target_dialects(target)
+        """Routes through the sidecar's response processing: bridges, Responses requests to
+        Responses targets (unary upstream) and stateful sessions (bridge/registry.py)."""
         provider = config.providers[target.provider]
-        for caller, speaks, translator in processed_routes(native, bridges):
-            cluster = bridge_cluster_name(group_name, index, target.provider, caller.value)
-            base_path = urlsplit(provider.base_url_for(speaks)).path.rstrip("/")
-            route = TargetRoute(cluster=cluster, path=base_path + speaks.endpoint,
+        for processed in processed_routes(config.target_dialects(target), bridges):
+            cluster = bridge_cluster_name(group_name, index, target.provider, processed.suffix)
+            base_path = urlsplit(provider.base_url_for(processed.speaks)).path.rstrip("/")
+            route = TargetRoute(cluster=cluster, path=base_path + processed.speaks.endpoint,
                                 model_ref=target.model_ref)
-            self.routes[(group_name, index, caller)] = route
-            self.bridges[cluster] = BridgeRoute(route, translator, group_name)
+            session = processed.kind == "session"
+            self.bridges[cluster] = BridgeRoute(route, processed.translator, group_name, session)
             self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
             self.cluster_groups[cluster] = group_name
-            if caller is speaks:
-                self._add_session(group_name, index, target, provider, base_path)
+            if session:
+                self.session_routes.setdefault(group_name, {})[index] = route
                 continue
-            known = self.bridge_translators.get((group_name, caller), ())
-            if translator not in known:
-                self.bridge_translators[(group_name, caller)] = (*known, translator)
-
-    def _add_session(self, group_name: str, index: int, target: Target, provider: Provider,
-                     base_path: str) -> None:
-        cluster = bridge_cluster_name(group_name, index, target.provider, SESSION_CALLER)
-        route = TargetRoute(cluster=cluster,
-                            path=base_path + Dialect.OPENAI_RESPONSES.endpoint,
-                            model_ref=target.model_ref)
-        self.session_routes.setdefault(group_name, {})[index] = route
-        self.bridges[cluster] = BridgeRoute(route, SESSION_TRANSLATOR, group_name, session=True)
-        self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
-        self.cluster_groups[cluster] = group_name
+            self.routes[(group_name, index, processed.caller)] = route
+            if processed.kind == "bridge":
+                key = (group_name, processed.caller)
+                known = self.bridge_translators.get(key, ())
+                if processed.translator not in known:
+                    self.bridge_translators[key] = (*known, processed.translator)
 
     def groups_for(self, caller: Caller) -> list[str]:
         return [name for name in self.config.models if caller.may_use(name)]

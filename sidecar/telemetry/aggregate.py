@@ -3,14 +3,14 @@
 
 One `Aggregate` sums a set of rows: counts, tokens, cost, error classes, every decision
 bucket as a (dimension, bucket) count, and latencies. Latencies are kept exact while they
-come from raw rows and as a log-scale histogram once rolled up; merging the two turns the
-exact ones into the histogram, so a report spanning expired days gives percentiles to within
-one histogram step (19 %), while every count and sum stays exact.
+come from raw rows and, once rolled up, in the observation store's log-bucketed histogram
+(observe/histogram.py); merging the two turns the exact ones into the histogram, so a
+report spanning expired days gives percentiles to within 2.2 %, while every count and sum
+stays exact.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from collections import Counter
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-# Upper bounds of the latency histogram, ms: four steps per doubling, 1 ms to ~8.7 min.
-LATENCY_BOUNDS_MS: tuple[float, ...] = tuple(round(2 ** (i / 4), 3) for i in range(77))
+from sidecar.observe.histogram import Histogram
+
 DAY_S = 86_400
 
 # Row columns counted bucket by bucket in a decisions report, in the order they print.
@@ -40,10 +40,6 @@ def day_of(epoch: float) -> str:
 
 def day_start(day: str) -> float:
     return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
-
-
-def latency_bucket(ms: float) -> int:
-    return min(bisect.bisect_left(LATENCY_BOUNDS_MS, ms), len(LATENCY_BOUNDS_MS) - 1)
 
 
 def decision_buckets(row: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -71,8 +67,8 @@ class Aggregate:
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: float = 0.0
-    latencies: list[float] = field(default_factory=list)      # exact, from raw rows
-    histogram: Counter[int] = field(default_factory=Counter)  # bucket index → rows
+    latencies: list[float] = field(default_factory=list)        # exact, from raw rows
+    histogram: Histogram = field(default_factory=Histogram)     # rolled-up rows
     error_classes: Counter[str] = field(default_factory=Counter)
     buckets: Counter[tuple[str, str]] = field(default_factory=Counter)
 
@@ -91,7 +87,7 @@ class Aggregate:
             if exact:
                 self.latencies.append(latency)
             else:
-                self.histogram[latency_bucket(latency)] += 1
+                self.histogram.add(latency)
         self.buckets.update(decision_buckets(row))
 
     def merge(self, other: Aggregate) -> None:
@@ -102,29 +98,32 @@ class Aggregate:
         self.cached_tokens += other.cached_tokens
         self.cost_usd += other.cost_usd
         self.latencies.extend(other.latencies)
-        self.histogram.update(other.histogram)
+        self.histogram.merge(other.histogram)
         self.error_classes.update(other.error_classes)
         self.buckets.update(other.buckets)
 
     def percentile(self, fraction: float) -> float | None:
-        if not self.histogram:
+        if not self.histogram.total:
             return percentile(self.latencies, fraction)
-        counts = self.histogram + Counter(latency_bucket(v) for v in self.latencies)
-        rank = max(1, math.ceil(fraction * sum(counts.values())))
-        seen = 0
-        for index in sorted(counts):
-            seen += counts[index]
-            if seen >= rank:
-                return LATENCY_BOUNDS_MS[index]
-        return None
+        return self._all_in_histogram().percentile(fraction)
 
     def histogram_json(self) -> str:
-        merged = self.histogram + Counter(latency_bucket(v) for v in self.latencies)
-        return json.dumps({str(k): v for k, v in sorted(merged.items())})
+        counts = self._all_in_histogram().counts
+        return json.dumps({str(k): v for k, v in sorted(counts.items())})
+
+    def _all_in_histogram(self) -> Histogram:
+        merged = Histogram()
+        merged.merge(self.histogram)
+        for value in self.latencies:
+            merged.add(value)
+        return merged
 
 
-def histogram_from_json(text: str | None) -> Counter[int]:
-    return Counter({int(k): int(v) for k, v in json.loads(text or "{}").items()})
+def histogram_from_json(text: str | None) -> Histogram:
+    histogram = Histogram()
+    histogram.counts = {int(k): int(v) for k, v in json.loads(text or "{}").items()}
+    histogram.total = sum(histogram.counts.values())
+    return histogram
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
