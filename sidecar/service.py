@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sidecar.admin import AdminServer, check_exposure
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
+from sidecar.external.client import ExternalCalls
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
@@ -70,12 +71,15 @@ class RunningSidecar:
     admin: AdminServer
     store: ObservationStore
     telemetry: Telemetry | None = field(default=None)
+    external: ExternalCalls | None = field(default=None)
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.admin.stop()
         await self.server.stop(grace=grace)
         if self.telemetry is not None:
             await self.telemetry.stop()
+        if self.external is not None:
+            await self.external.close()
 
 
 def observation_store(config: SidecarConfig) -> ObservationStore:
@@ -135,8 +139,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     telemetry = (telemetry_for(config, store)
                  if enabled and config.telemetry.enabled else None)
     joiner = telemetry.joiner if telemetry is not None else None
+    external = (ExternalCalls(config)
+                if any(g.strategy == "external" for g in config.models.values()) else None)
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
-                      telemetry=joiner)
+                      telemetry=joiner, external=external)
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=joiner)
@@ -163,6 +169,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     metrics.add_group_gauge("ejected_targets", "targets ejected or probing", lambda: {
         group: float(state.ejected_count()) for group in config.models
         if (state := router.ejections(group)) is not None})
+    if external is not None:
+        metrics.add_counter("external_decisions", "decisions of strategy: external groups by "
+                            "how the routing service's answer was used", ("group", "outcome"),
+                            lambda: dict(external.outcomes))
     reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
@@ -175,4 +185,4 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
     if telemetry is not None:
         telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
-    return RunningSidecar(server, admin, store, telemetry)
+    return RunningSidecar(server, admin, store, telemetry, external)

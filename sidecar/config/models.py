@@ -30,6 +30,7 @@ from sidecar.config.fields import (
     bounded,
 )
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
+from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
 from sidecar.envoy_contract import target_cluster_name
 
 
@@ -174,55 +175,9 @@ class Contract(StrictModel):
     require_validation_status: Literal["passed"] | None = None
 
 
-Strategy = Literal["weighted", "failover", "dynamic_score", "script"]
+Strategy = Literal["weighted", "failover", "dynamic_score", "script", "external"]
 
 
-class TargetSelector(StrictModel):
-    """Targets of the group by tag or by label (`provider/model_ref`); any match counts."""
-
-    tags: list[str] = Field(default_factory=list)
-    targets: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _something(self) -> TargetSelector:
-        if not self.tags and not self.targets:
-            raise ValueError("name at least one tag or target")
-        return self
-
-
-class ScriptRule(StrictModel):
-    """`when` the condition holds (docs/strategies.md), apply the actions in this order:
-    require, exclude, prefer, order."""
-
-    when: str = "true"
-    require: TargetSelector | None = None
-    exclude: TargetSelector | None = None
-    prefer: TargetSelector | None = None
-    order: list[str] | None = None
-
-    @field_validator("when")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        from sidecar.routing.conditions import ConditionError, compile_condition
-
-        try:
-            compile_condition(value)
-        except ConditionError as exc:
-            raise ValueError(f"condition {exc}") from None
-        return value
-
-    @model_validator(mode="after")
-    def _acts(self) -> ScriptRule:
-        if not (self.require or self.exclude or self.prefer or self.order):
-            raise ValueError("a rule needs an action: require, exclude, prefer or order")
-        return self
-
-
-class ScriptPolicy(StrictModel):
-    """The `script` strategy's rules, applied in order to the base order's result."""
-
-    base: Literal["weighted", "failover"] = "weighted"
-    rules: list[ScriptRule] = Field(min_length=1)
 _DEFAULT_DYNAMIC_SCORE = DynamicScorePolicy()
 
 
@@ -257,6 +212,8 @@ class ModelGroup(StrictModel):
     routing_policy: RoutingPolicy = RoutingPolicy()
     fallback: Fallback = Fallback()
     script: ScriptPolicy | None = None
+    external: ExternalPolicy | None = None
+    response_cache: ResponseCache | None = None
     # Let callers of one API reach targets of another through a bridge (docs/dialects.md).
     # Off by default: a bridge translates, and some fields cannot cross (then the target is
     # ineligible for that request).
@@ -266,6 +223,8 @@ class ModelGroup(StrictModel):
     def _script_names_its_targets(self) -> ModelGroup:
         if self.strategy == "script" and self.script is None:
             raise ValueError("strategy: script needs a 'script' block with rules")
+        if self.strategy == "external" and self.external is None:
+            raise ValueError("strategy: external needs an 'external' block with the url")
         if self.script is None:
             return self
         labels = {f"{t.provider}/{t.model_ref}" for t in self.targets}
@@ -455,6 +414,14 @@ class SidecarConfig(StrictModel):
             if sum(target.weight for target in group.targets) == 0 and group.strategy != "failover":
                 errors.append(ConfigReferenceError(
                     f"models.{group_name}.targets", "at least one target needs a weight above 0"
+                ))
+        message_timeout = self.limits.sidecar_message_timeout_ms
+        for group_name, group in self.models.items():
+            if group.external and group.external.timeout_ms + 100 > message_timeout:
+                errors.append(ConfigReferenceError(
+                    f"models.{group_name}.external.timeout_ms",
+                    f"must be at least 100 ms below limits.sidecar_message_timeout_ms "
+                    f"({message_timeout}): Envoy would give up on the sidecar first",
                 ))
         clusters: dict[str, str] = {}
         for group_name in self.models:

@@ -63,7 +63,8 @@ class GrpcioCall:
     and written by the call's coroutine as soon as the handler returns (it cannot be written
     from inside the synchronous handler)."""
 
-    __slots__ = ("details", "finished", "id", "method", "outbox", "status", "waiter")
+    __slots__ = ("deferred", "details", "finished", "id", "method", "outbox", "status",
+                 "waiter")
 
     def __init__(self, method: bytes, call_id: int) -> None:
         self.method = method
@@ -75,6 +76,8 @@ class GrpcioCall:
         # Set while the coroutine waits for a send or finish made outside a handler's turn
         # (after the client's half-close, e.g. health Watch).
         self.waiter: asyncio.Future[None] | None = None
+        # The handler answers later from a task: wait for its send instead of reading.
+        self.deferred = False
 
     def send(self, message: bytes) -> None:
         """Send one response message (serialized protobuf)."""
@@ -96,6 +99,11 @@ class GrpcioCall:
             self.status = status
             self.details = message
             self._wake()
+
+    def defer(self) -> None:
+        """The handler will answer from a task: the call's coroutine stops reading and
+        waits for that answer (the peer sends nothing more until it comes)."""
+        self.deferred = True
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -225,7 +233,7 @@ class GrpcioServer:
                             await context.write(message)
                     if call.finished:
                         break
-                    if reading:
+                    if reading and not call.deferred:
                         if not open_method:
                             payload = await context.read()
                         else:
@@ -243,7 +251,7 @@ class GrpcioServer:
                             server._dispatch(call, handler, None)
                         else:
                             server._dispatch(call, handler, payload)
-                    else:  # half-closed, not finished: wait for the handler's next move
+                    else:  # half-closed or deferred, not finished: the handler's next move
                         call.waiter = asyncio.get_running_loop().create_future()
                         await call.waiter
                         call.waiter = None

@@ -6,12 +6,15 @@ request and gets the routing decision. The per-attempt filter on the target clus
 one only for a retry (Envoy skips it on first attempts) and names the attempt's cluster in
 its attributes; that stream rewrites the retry for its target.
 
-Everything here is synchronous: a message in, at most one response out, and whether the
-stream is done. The gRPC server (sidecar.grpcwire) calls it straight from the socket read.
+Everything here is synchronous — a message in, at most one response out, and whether the
+stream is done; the gRPC server (sidecar.grpcwire) calls it straight from the socket read —
+except for `strategy: external` groups, whose decision waits on a routing service in a task
+(`ProcessStream._ask`, docs/external.md) while the loop serves everyone else.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from time import perf_counter
@@ -23,6 +26,7 @@ from sidecar.dialects.errors import ClientError
 from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply, bridging
 from sidecar.gateway.bridging import BridgeAttempt
+from sidecar.gateway.outcome import Ask
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
@@ -36,7 +40,8 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD = "Process"
 
 # (answer to send, stream done)
-Step = tuple[ext.ProcessingResponse | messages.BodyAnswer | None, bool]
+# (an Ask: the answer comes later, from a task; see ProcessStream._ask)
+Step = tuple[ext.ProcessingResponse | messages.BodyAnswer | Ask | None, bool]
 
 
 class ExternalProcessor:
@@ -67,7 +72,7 @@ class ExternalProcessor:
 class ProcessStream:
     """One ext_proc stream: the gRPC handler interface around `step`."""
 
-    __slots__ = ("_bridge", "_closed", "_gateway", "_pending", "_processor", "_route")
+    __slots__ = ("_bridge", "_closed", "_gateway", "_pending", "_processor", "_route", "_task")
 
     def __init__(self, processor: ExternalProcessor) -> None:
         self._processor = processor
@@ -76,6 +81,7 @@ class ProcessStream:
         self._route: TargetRoute | None = None
         self._bridge: BridgeAttempt | None = None
         self._closed = False
+        self._task: asyncio.Task[None] | None = None
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         started = perf_counter()
@@ -84,14 +90,41 @@ class ProcessStream:
         except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
             raise UndecodableMessage(str(error)) from None
         response, done = self.step(request)
-        if isinstance(response, messages.BodyAnswer):
-            call.send_parts(response.wire_parts())
-        elif response is not None:
-            call.send(response.SerializeToString())
+        if isinstance(response, Ask):
+            self._ask(call, response)
+        else:
+            _send(call, response)
         self._processor.handling.observe(perf_counter() - started)
         if done:
             call.finish()
             self._close()
+
+    def _ask(self, call: Call, ask: Ask) -> None:
+        """The asynchronous seam, for `strategy: external` only: the decision waits on the
+        group's routing service in a task while the loop serves every other stream. The
+        service's own deadline bounds the wait (external/client.py)."""
+        call.defer()
+        self._task = asyncio.get_running_loop().create_task(self._answer(call, ask))
+
+    async def _answer(self, call: Call, ask: Ask) -> None:
+        external = self._gateway.external
+        assert external is not None
+        answer = await external.ask(ask.group, ask.query)
+        if self._closed:
+            return
+        started = perf_counter()
+        try:
+            outcome = ask.resume(answer)
+            response = (messages.immediate(outcome) if isinstance(outcome, Reply)
+                        else messages.forward(outcome))
+        except Exception:
+            _limited.exception("stream_failed", "ext_proc stream failed")
+            anthropic = self._pending.dialect.is_anthropic if self._pending else False
+            response = messages.immediate(_internal("internal routing error", anthropic))
+        _send(call, response)
+        self._processor.handling.observe(perf_counter() - started)
+        call.finish()
+        self._close()
 
     def on_half_close(self, call: Call) -> None:
         call.finish()
@@ -99,6 +132,8 @@ class ProcessStream:
 
     def on_cancel(self) -> None:
         # Envoy resets finished or abandoned streams; both are normal.
+        if self._task is not None:
+            self._task.cancel()
         self._close()
 
     def _close(self) -> None:
@@ -147,6 +182,8 @@ class ProcessStream:
             outcome = gateway.on_body(self._pending, request.request_body.body)
             if isinstance(outcome, Reply):
                 return messages.immediate(outcome), True
+            if isinstance(outcome, Ask):
+                return outcome, False
             return messages.forward(outcome), True
         # Phases we did not ask for (Envoy config drift): never stall the request.
         _limited.warning("unexpected_message", "unexpected ext_proc message %s; continuing",
@@ -175,6 +212,13 @@ class ProcessStream:
         _limited.warning("unexpected_message", "unexpected ext_proc message %s on a bridge; "
                          "continuing", kind)
         return None, True
+
+
+def _send(call: Call, response: ext.ProcessingResponse | messages.BodyAnswer | None) -> None:
+    if isinstance(response, messages.BodyAnswer):
+        call.send_parts(response.wire_parts())
+    elif response is not None:
+        call.send(response.SerializeToString())
 
 
 def _internal(message: str, anthropic: bool = False) -> Reply:

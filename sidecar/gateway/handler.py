@@ -21,9 +21,10 @@ from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import CALLER_API_HEADER, SESSION_KEY_HEADER
+from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
-from sidecar.gateway.outcome import Forward, Reply, Retarget, body_size
+from sidecar.gateway.outcome import Ask, Forward, Reply, Retarget, body_size
 from sidecar.gateway.retarget import (
     RetargetError,
     attempt_dialect,
@@ -40,6 +41,8 @@ from sidecar.gateway.sessions import (
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
+from sidecar.routing.request import RequestSummary
+from sidecar.routing.strategies import ExternalAnswer
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.rows import DecisionFacts
 
@@ -69,8 +72,12 @@ class Pending:
 
 class Gateway:
     def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
-                 log_decisions: bool = False, telemetry: Joiner | None = None) -> None:
+                 log_decisions: bool = False, telemetry: Joiner | None = None,
+                 external: ExternalCalls | None = None) -> None:
         self._runtime = runtime
+        # The routing services of `strategy: external` groups (None: none configured, or a
+        # test without them; such groups then decide by their fallback strategy).
+        self.external = external
         self._observations = observations
         self._log_decisions = log_decisions
         self._telemetry = telemetry
@@ -124,7 +131,7 @@ class Gateway:
                        SESSION_HEADER in headers, headers.get("x-request-id", ""),
                        headers.get("traceparent", ""), session_id)
 
-    def on_body(self, pending: Pending, body: bytes) -> Reply | Forward:
+    def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask:
         anthropic = pending.dialect.is_anthropic
         limit = self._runtime.config.limits.max_request_body_bytes
         if len(body) > limit:  # Envoy's buffer enforces only limits above its 1 MiB default
@@ -156,7 +163,22 @@ class Gateway:
                    and model in self._runtime.session_routes)
         if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
             summary = replace(summary, dialect=Dialect.OPENAI_RESPONSES)
-        decision = self._runtime.router.decide(summary, self._observations)
+        if group.strategy == "external" and self.external is not None:
+            candidates = self._runtime.router.external_candidates(summary)
+            if candidates:  # none: `_decided` answers the 400 at once
+                query = self.external.builder(model)(summary, candidates, self._observations)
+                return Ask(model, query, lambda answer: self._decided(
+                    pending, model, group, parsed, summary, session, answer))
+        return self._decided(pending, model, group, parsed, summary, session, None)
+
+    def _decided(self, pending: Pending, model: str, group: ModelGroup, parsed: ParsedBody,
+                 summary: RequestSummary, session: bool,
+                 external: ExternalAnswer | None) -> Reply | Forward:
+        anthropic = pending.dialect.is_anthropic
+        payload = parsed.payload
+        decision = self._runtime.router.decide(summary, self._observations, external)
+        if self.external is not None and decision.trace.external is not None:
+            self.external.outcomes[(model, decision.trace.external)] += 1
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
         if self._telemetry is not None and pending.request_id:
@@ -274,13 +296,15 @@ def _conversation_key(pending: Pending, model: str, group: ModelGroup,
 
 
 def scan_limit(group: ModelGroup) -> int:
-    """How much prompt text the routing core may scan: only dynamic_score and script groups
-    (whose rules may read prompt features and complexity) with the prompt_features signal
-    on look at text at all."""
-    if group.strategy not in ("dynamic_score", "script"):
+    """How much prompt text the routing core may scan: only dynamic_score, script and
+    external groups (whose rules or service may read prompt features and complexity) with
+    the prompt_features signal on look at text at all — or an external group that sends
+    prompt text to its service."""
+    if group.strategy not in ("dynamic_score", "script", "external"):
         return 0
     features = group.dynamic_score.signals.prompt_features
-    return features.max_scan_bytes if features.enabled else 0
+    sends_text = group.external is not None and group.external.send_prompt_text
+    return features.max_scan_bytes if features.enabled or sends_text else 0
 
 
 def _presented_token(headers: Mapping[str, str]) -> str | None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.routing.decision import Decision
+
+if TYPE_CHECKING:
+    from sidecar.external.v1.router_pb2 import RankRequest
+    from sidecar.routing.strategies import ExternalAnswer
 
 # A body as pieces sent one after another (see ParsedBody.model_replaced).
 BodyParts = tuple[bytes | memoryview, ...]
@@ -50,3 +56,14 @@ class Retarget:
     @property
     def body(self) -> bytes:
         return b"".join(self.body_parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """An external group's request: ask the group's routing service `query`, then
+    `resume` with its answer (or failure) for the Reply or Forward. The only outcome that
+    waits on I/O (docs/external.md)."""
+
+    group: str
+    query: RankRequest
+    resume: Callable[[ExternalAnswer], Reply | Forward]

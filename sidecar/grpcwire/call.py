@@ -92,3 +92,7 @@ class Call:
         if not self.finished:
             self.finished = True
             self._connection.finish_call(self, status, message)
+
+    def defer(self) -> None:
+        """The handler will answer later, from a task (strategy: external). Here sends are
+        written whenever they are made, so nothing changes."""

@@ -15,12 +15,18 @@ import time
 from sidecar.bridge.registry import bridged_callers
 from sidecar.config.models import SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
-from sidecar.routing.decision import Decision, NoEligibleTarget
+from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
 from sidecar.routing.ejection import Ejections
 from sidecar.routing.gates import GroupGates, group_gates, passing_targets, refusal_reason
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
-from sidecar.routing.strategies import Context, DynamicScoreStrategy, Strategy, strategy_for
+from sidecar.routing.strategies import (
+    Context,
+    DynamicScoreStrategy,
+    ExternalAnswer,
+    Strategy,
+    strategy_for,
+)
 from sidecar.routing.trace import DecisionTrace
 
 
@@ -40,7 +46,10 @@ class Router:
         }
 
     def decide(self, request: RequestSummary,
-               observations: ObservationView = EMPTY_SNAPSHOT) -> Decision | NoEligibleTarget:
+               observations: ObservationView = EMPTY_SNAPSHOT,
+               external: ExternalAnswer | None = None) -> Decision | NoEligibleTarget:
+        """`external`: for `strategy: external` groups, the routing service's answer (asked
+        with `external_candidates`); without it the group's fallback strategy decides."""
         group = self._config.models[request.group]
         trace = DecisionTrace(strategy=group.strategy, target_count=len(group.targets))
         if request.reasoning is not None:
@@ -51,10 +60,16 @@ class Router:
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         ordered = self._strategies[request.group].order(
-            Context(request, observations, trace), eligible)
+            Context(request, observations, trace, external), eligible)
         if not ordered:  # a script rule required what no eligible target offers
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         return Decision(request.group, group.strategy, tuple(ordered), trace)
+
+    def external_candidates(self, request: RequestSummary) -> list[TargetChoice]:
+        """The targets an external routing service may name for `request`: those passing
+        the shared filter stage, in declared order (what `decide` will accept)."""
+        trace = DecisionTrace(strategy="external", target_count=0)
+        return passing_targets(request, self._gates[request.group], trace)
 
     def ejections(self, group: str) -> Ejections | None:
         """The group's ejection state, for diagnostics and tests."""

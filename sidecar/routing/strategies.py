@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from sidecar.config.models import ModelGroup, TargetSelector
+from sidecar.config.models import ModelGroup
 from sidecar.config.policy import Signals
+from sidecar.config.strategy_policies import TargetSelector
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.conditions import compile_condition
 from sidecar.routing.decision import TargetChoice
@@ -43,6 +44,17 @@ class Context:
     request: RequestSummary
     observations: ObservationView
     trace: DecisionTrace
+    # `strategy: external` only: the routing service's answer, or why there is none.
+    external: ExternalAnswer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalAnswer:
+    """What the external routing service said (target labels in attempt order), or
+    `failure`: why it said nothing usable (`timeout`, `error`, `busy`)."""
+
+    targets: tuple[str, ...] = ()
+    failure: str | None = None
 
 
 class Strategy(Protocol):
@@ -155,6 +167,46 @@ class Script:
         return current
 
 
+class External:
+    """`external`: the attempt order an operator-run service returned for this request
+    (the gateway asks it before deciding: gateway/external_calls.py). Without a usable
+    answer, the group's fallback strategy decides and the trace says why."""
+
+    def __init__(self, group: ModelGroup, fallback: Strategy) -> None:
+        self._fallback = fallback
+        self._labels = frozenset(f"{t.provider}/{t.model_ref}" for t in group.targets)
+
+    def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
+        trace = context.trace
+        ordered, failure = self._answered(context.external, eligible)
+        if failure is None:
+            trace.external = "answered"
+            trace.order = "external"
+            return ordered
+        trace.external = failure
+        ordered = self._fallback.order(context, eligible)
+        trace.order = f"external fallback ({failure}): {trace.order}"
+        return ordered
+
+    def _answered(self, answer: ExternalAnswer | None,
+                  eligible: list[TargetChoice]) -> tuple[list[TargetChoice], str | None]:
+        if answer is None:
+            return [], "not_asked"
+        if answer.failure is not None:
+            return [], answer.failure
+        if not answer.targets:
+            return [], "empty"
+        by_label = {choice.label: choice for choice in eligible}
+        ordered: list[TargetChoice] = []
+        for label in answer.targets:
+            choice = by_label.get(label)
+            if choice is None:
+                return [], "ineligible_target" if label in self._labels else "unknown_target"
+            if choice not in ordered:
+                ordered.append(choice)
+        return ordered, None
+
+
 def script_features(request: RequestSummary, detect: FeatureDetector, signals: Signals,
                     now: float) -> dict[str, object]:
     """What a script condition may read: the request's buckets, never its text."""
@@ -204,11 +256,17 @@ def _script(group: ModelGroup, clock: Clock, wall: Clock) -> Strategy:
     return Script(group, REGISTRY[group.script.base](group, clock, wall), wall)
 
 
+def _external(group: ModelGroup, clock: Clock, wall: Clock) -> Strategy:
+    assert group.external is not None
+    return External(group, REGISTRY[group.external.fallback_strategy](group, clock, wall))
+
+
 REGISTRY: dict[str, Factory] = {
     "weighted": _weighted,
     "failover": _failover,
     "dynamic_score": _dynamic,
     "script": _script,
+    "external": _external,
 }
 
 

@@ -58,6 +58,10 @@ class DecisionTrace:
     # How the warm targets' room was shared, when scores moved traffic: the adjustable
     # fraction (`max_score_adjustment_percent` / 100) and the softmax `blend_sharpness`.
     blend: dict[str, float] | None = None
+    # `strategy: external`: how the routing service's answer was used — `answered`, or why
+    # the fallback strategy decided (`timeout`, `error`, `busy`, `empty`, `unknown_target`,
+    # `ineligible_target`, `not_asked`). None for the other strategies.
+    external: str | None = None
     # The rows of `candidates`, or the function that builds them on first read: rounding
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.
@@ -89,6 +93,8 @@ class DecisionTrace:
     def to_dict(self) -> dict[str, Any]:
         rows = self.candidates
         data = asdict(self)
+        if data["external"] is None:  # other strategies' traces keep their keys
+            del data["external"]
         data["candidates"] = data.pop("_candidates")  # the last key, as it always was
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
         for row, candidate in zip(data["candidates"], rows, strict=True):

@@ -27,7 +27,8 @@ DAY_S = 86_400
 COLUMN_DIMENSIONS = ("strategy", "cold_start", "complexity", "affinity", "probe",
                      "selected_target", "final_share_bucket", "term_value_bucket",
                      "max_tokens_filtered", "max_tokens_bucket", "input_size_bucket",
-                     "admission", "reasoning_effort", "status_class", "join_kind")
+                     "admission", "external", "cache", "reasoning_effort", "status_class",
+                     "join_kind")
 # Dimensions a row holds several buckets of (lists and maps).
 LIST_DIMENSIONS = ("signals", "prompt_features", "exclusion_stages", "score_buckets",
                    "request_shape")

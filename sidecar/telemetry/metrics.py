@@ -14,7 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from sidecar.observe.store import ObservationStore
@@ -62,6 +66,13 @@ class Metrics:
                         read: Callable[[], dict[str, float]]) -> None:
         """A figure per model group, read at scrape time: `sidecar_<name>{group=…}`."""
         self._by_group.append((name, text, read))
+
+    def add_counter(self, name: str, text: str, labels: tuple[str, ...],
+                    read: Callable[[], dict[tuple[str, ...], int]]) -> None:
+        """A counter kept elsewhere (on the event loop), read at scrape time:
+        `sidecar_<name>_total{labels…}`. Its label values must be configuration names or
+        fixed enums."""
+        self.registry.register(_CountedElsewhere(name, text, labels, read))
 
     def record(self, row: RequestRow | FallbackRow) -> None:
         """Count one joined row (on the telemetry writer's thread)."""
@@ -138,3 +149,18 @@ class _Handling(Collector):
         yield HistogramMetricFamily(
             "sidecar_ext_proc_handling_seconds", "time the sidecar spends on one ext_proc "
             "message (decode, route, encode)", buckets=buckets, sum_value=self._times.total)
+
+
+class _CountedElsewhere(Collector):
+    def __init__(self, name: str, text: str, labels: tuple[str, ...],
+                 read: Callable[[], dict[tuple[str, ...], int]]) -> None:
+        self._name = f"sidecar_{name}"
+        self._text = text
+        self._labels = list(labels)
+        self._read = read
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily(self._name, self._text, labels=self._labels)
+        for values, count in sorted(self._read().items()):
+            family.add_metric(list(values), count)
+        yield family

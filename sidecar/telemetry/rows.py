@@ -34,10 +34,13 @@ class DecisionFacts:
     at: float                      # wall-clock seconds (UTC epoch) of the decision
     caller: str                    # the configured caller name
     group: str
-    outcome: Decision | NoEligibleTarget
+    # None: answered before any decision (a response-cache hit, a quota refusal).
+    outcome: Decision | NoEligibleTarget | None
     # The request's summary, for its shape buckets when the strategy did not compute them.
     summary: RequestSummary | None = None
     traceparent: str = ""          # as the caller or Envoy sent it; checked at join time
+    admission: str | None = None   # why a quota refused the request (quotas/)
+    cache: str | None = None       # hit, miss or bypass, in groups with a response cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class RequestRow:
     cost_usd: float | None
     join: str                      # joined | decision_only | log_only | duplicate_id | evicted
     traceparent: str | None = None  # a valid W3C traceparent only, for linking to traces
+    external: str | None = None    # strategy: external: answered, or why it fell back
+    cache: str | None = None       # response cache: hit, miss, bypass (no-store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +157,7 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
                 prices: Mapping[str, Pricing], join: str, at: float = 0.0) -> RequestRow:
     """One row from a decision and/or its outcome (either may be missing: `join` says)."""
     assert facts is not None or result is not None
-    trace = facts.outcome.trace if facts is not None else None
+    trace = facts.outcome.trace if facts is not None and facts.outcome is not None else None
     selected = (facts.outcome.primary.label
                 if facts is not None and isinstance(facts.outcome, Decision) else None)
     row = trace.candidate(selected) if trace and selected else None
@@ -179,7 +184,7 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
         max_tokens_filtered=bool(trace) and any(s == MAX_TOKENS_STAGE for _, s in trace.exclusions),
         max_tokens_bucket=_text(shape.get("max_tokens_cap")),
         input_size_bucket=_text(shape.get("input_size")),
-        admission=None,
+        admission=facts.admission if facts is not None else None,
         observation_count=row.observations if row else None,
         candidate_count=trace.candidate_count if trace else 0,
         reasoning_effort=_text(reasoning.get("effort")),
@@ -200,6 +205,8 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
         cost_usd=cost_usd(prices.get(serving or ""), result) if result is not None else None,
         join=join,
         traceparent=_trace(facts.traceparent) if facts is not None else None,
+        external=trace.external if trace else None,
+        cache=facts.cache if facts is not None else None,
     )
 
 

@@ -61,6 +61,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, (  # the W3C traceparent of the request, linking a row to its trace
         "ALTER TABLE request_rows ADD COLUMN traceparent TEXT",
     )),
+    (4, (  # strategy: external's outcome and the response cache's (issue #17)
+        "ALTER TABLE request_rows ADD COLUMN external TEXT",
+        "ALTER TABLE request_rows ADD COLUMN cache TEXT",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.

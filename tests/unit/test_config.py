@@ -85,7 +85,7 @@ INVALID = [
     ("models: {g: {targets: [{provider: openai, model_ref: m, tagz: [a]}]}}",
      "models.g.targets[0].tagz: unknown key; did you mean 'tags'?"),
     ("models: {g: {strategy: round_robin, targets: [%s]}}" % GOOD_TARGET,
-     "models.g.strategy: must be 'weighted', 'failover', 'dynamic_score' or 'script'"),
+     "models.g.strategy: must be 'weighted', 'failover', 'dynamic_score', 'script' or 'external'"),
     ("models: {g: {targets: []}}", "models.g.targets: "),
     ("models: {g: {targets: [{provider: openai}]}}", "models.g.targets[0].model_ref: is required"),
     ("models: {g: {strategy: dynamic_score, targets: [%s], routing_policy: {dynamic_score: "
