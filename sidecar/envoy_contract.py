@@ -51,3 +51,10 @@ CACHED_TOKENS_KEY = "cached_tokens"
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).
 SESSION_KEY_HEADER = "x-sidecar-session"
+
+
+# The response cache (docs/cache.md): `hit` or `miss` on answers of groups with a cache; and
+# on a miss's request, the random slot its answer is stored under (it reaches the provider:
+# header changes carry over between attempts; it is random and names nothing).
+CACHE_HEADER = "x-sidecar-cache"
+CACHE_SLOT_HEADER = "x-sidecar-cache-slot"

@@ -50,6 +50,9 @@ RESPONSE_ALLOWLIST = frozenset({
     "retry-after",
     "x-request-id",
     "request-id",  # Anthropic's
+    # The gateway's response-cache marker (docs/cache.md); a provider's own is removed by
+    # every target cluster (envoy_config/fallback.py, strip_filter).
+    "x-sidecar-cache",
     # Set by Envoy on the way out; listed so the filter never has to know it.
     "server",
 })

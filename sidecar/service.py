@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sidecar.admin import AdminServer, check_exposure
+from sidecar.cache.caches import ResponseCaches, cached_groups
+from sidecar.cache.metrics import add_cache_metrics
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
 from sidecar.external.client import ExternalCalls
@@ -141,8 +143,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     joiner = telemetry.joiner if telemetry is not None else None
     external = (ExternalCalls(config)
                 if any(g.strategy == "external" for g in config.models.values()) else None)
+    caches = (ResponseCaches(config, longest_request_s(config))
+              if cached_groups(config) else None)
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
-                      telemetry=joiner, external=external)
+                      telemetry=joiner, external=external, caches=caches)
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=joiner)
@@ -173,6 +177,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         metrics.add_counter("external_decisions", "decisions of strategy: external groups by "
                             "how the routing service's answer was used", ("group", "outcome"),
                             lambda: dict(external.outcomes))
+    if caches is not None:
+        add_cache_metrics(metrics, caches)
     reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)

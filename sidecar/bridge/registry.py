@@ -91,17 +91,25 @@ class ProcessedRoute:
     speaks: Dialect
     translator: Translator
     suffix: str
-    kind: str  # "unary" (Responses to a Responses target), "bridge" or "session"
+    kind: str  # "unary" (Responses to a Responses target), "bridge", "session" or "cache"
 
 
 SESSION_SUFFIX = "openai_chat_session"
+CACHE_SUFFIX = "_cached"
+
+# A response-cache miss in a caller's own API (docs/cache.md): nothing to translate; the
+# processing only sees the answer to store it.
+CACHE_PASSTHROUGH = {
+    dialect: Translator(dialect, dialect, dict, lambda answer, model, _clock: dict(answer))
+    for dialect in (Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES)
+}
 
 
-def processed_routes(native: tuple[Dialect, ...] | list[Dialect],
-                     bridges: bool) -> list[ProcessedRoute]:
+def processed_routes(native: tuple[Dialect, ...] | list[Dialect], bridges: bool,
+                     cached: bool = False) -> list[ProcessedRoute]:
     """Each processed route to a target speaking `native`: Responses callers of a Responses
-    target always (and Chat callers' stateful sessions there), and, when the group bridges,
-    every bridged caller API."""
+    target always (and Chat callers' stateful sessions there), when the group bridges every
+    bridged caller API, and when it caches answers the cache route of each native API."""
     routes = [ProcessedRoute(dialect, dialect, translator, dialect.value, "unary")
               for dialect, translator in UNARY_NATIVE.items() if dialect in native]
     if Dialect.OPENAI_RESPONSES in native:
@@ -113,6 +121,10 @@ def processed_routes(native: tuple[Dialect, ...] | list[Dialect],
             if target is not None:
                 routes.append(ProcessedRoute(caller, target, _TRANSLATORS[(caller, target)],
                                              caller.value, "bridge"))
+    if cached:
+        routes.extend(ProcessedRoute(dialect, dialect, translator,
+                                     dialect.value + CACHE_SUFFIX, "cache")
+                      for dialect, translator in CACHE_PASSTHROUGH.items() if dialect in native)
     return routes
 
 

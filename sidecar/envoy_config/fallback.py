@@ -63,6 +63,7 @@ from sidecar.envoy_config.matchers import (
     skipped_when,
 )
 from sidecar.envoy_contract import (
+    CACHE_HEADER,
     CLUSTER_ATTRIBUTE,
     EXT_PROC_CLUSTER,
     NO_TARGET_CLUSTER,
@@ -181,9 +182,12 @@ def strip_filter(credential_headers: tuple[str, ...],
     """Envoy's per-attempt headers and every credential header go before the provider:
     header changes carry over between attempts, so no attempt may inherit another target's
     key. (The caller-API marker stays: removed here, the next attempt would not see it.)"""
-    strip = HeaderMutation(mutations=Mutations(request_mutations=[
-        HeaderMutationRule(remove=name)
-        for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)]))
+    strip = HeaderMutation(mutations=Mutations(
+        request_mutations=[
+            HeaderMutationRule(remove=name)
+            for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)],
+        # Only the gateway says whether an answer came from its cache.
+        response_mutations=[HeaderMutationRule(remove=CACHE_HEADER)]))
     return HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip))
 
 

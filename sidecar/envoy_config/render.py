@@ -162,7 +162,9 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses) -> Bootstrap:
                     filters,
                 )
             )
-            for processed in processed_routes(config.target_dialects(target), group.bridges):
+            cached = group.response_cache is not None and group.response_cache.enabled
+            for processed in processed_routes(config.target_dialects(target), group.bridges,
+                                              cached):
                 # A session never retries: its key may be stripped before the provider.
                 also = (SESSION_KEY_HEADER,) if processed.kind == "session" else ()
                 clusters.append(_target_cluster(

@@ -67,7 +67,7 @@ def continue_headers(headers: Mapping[str, str],
 
 
 def immediate(reply: Reply) -> ext.ProcessingResponse:
-    headers = {"content-type": reply.content_type}
+    headers = {"content-type": reply.content_type, **dict(reply.headers)}
     return ext.ProcessingResponse(
         immediate_response=ext.ImmediateResponse(
             status=HttpStatus(code=reply.status),  # type: ignore[arg-type]
@@ -207,5 +207,6 @@ def bridge_response_body(rewrite: Rewrite) -> ext.ProcessingResponse:
     common = response.response_body.response
     common.header_mutation.set_headers.extend(_set(rewrite.set_headers))
     common.header_mutation.remove_headers.extend(rewrite.remove_headers)
-    common.body_mutation.body = rewrite.body or b""
+    if rewrite.body is not None:  # None: the answer passes unchanged
+        common.body_mutation.body = rewrite.body
     return response

@@ -208,7 +208,8 @@ class ProcessStream:
                 bridging.response_headers(attempt, headers)), False
         if kind == "response_body":
             return messages.bridge_response_body(bridging.response_body(
-                attempt, request.response_body.body, time.time, self._gateway.sessions)), True
+                attempt, request.response_body.body, time.time, self._gateway.sessions,
+                self._gateway.store_answer)), True
         _limited.warning("unexpected_message", "unexpected ext_proc message %s on a bridge; "
                          "continuing", kind)
         return None, True

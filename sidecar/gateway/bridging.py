@@ -20,6 +20,7 @@ from sidecar.bridge import UnreadableAnswer, Untranslatable, chat_to_responses
 from sidecar.bridge.registry import Translator
 from sidecar.bridge.streams import chat_sse, messages_sse, responses_sse
 from sidecar.dialects.errors import ClientError
+from sidecar.envoy_contract import CACHE_HEADER
 from sidecar.gateway.runtime import BridgeRoute
 from sidecar.gateway.sessions import SessionStore
 
@@ -47,6 +48,10 @@ class BridgeAttempt:
     include_usage: bool = False
     status: int = 0
     session_key: str | None = None  # a stateful session's turn (sessions.py)
+    # A response-cache miss: the slot its answer is stored under (cache/slots.py).
+    cache_slot: str | None = None
+    storable: bool = False  # 2xx, unencoded: what the cache may keep
+    content_type: str = JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +87,10 @@ def request_rewrite(attempt: BridgeAttempt, body: bytes,
     new_body = json.dumps(translated, separators=(",", ":")).encode()
     headers = [(":path", route.path), ("content-length", str(len(new_body))),
                ("content-type", JSON)]
-    if attempt.bridge.translator.target.is_anthropic:
+    translator = attempt.bridge.translator
+    if translator.caller is translator.target:  # nothing crossed: the caller's headers hold
+        return Rewrite(tuple(headers), (), new_body)
+    if translator.target.is_anthropic:
         headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
     return Rewrite(tuple(headers), ("anthropic-beta",), new_body)
 
@@ -100,13 +108,25 @@ def response_headers(attempt: BridgeAttempt, headers: Mapping[str, str]) -> Rewr
         attempt.status = int(headers.get(":status", "0"))
     except ValueError:
         attempt.status = 0
+    attempt.storable = (attempt.cache_slot is not None and 200 <= attempt.status < 300
+                        and headers.get("content-encoding", "identity") == "identity")
+    marks = ((CACHE_HEADER, "miss"),) if attempt.cache_slot is not None else ()
+    if attempt.bridge.passthrough:
+        attempt.content_type = headers.get("content-type", JSON)
+        return Rewrite(marks, ())
     streaming = attempt.stream and 200 <= attempt.status < 300
-    return Rewrite((("content-type", EVENT_STREAM if streaming else JSON),),
+    return Rewrite((("content-type", EVENT_STREAM if streaming else JSON), *marks),
                    ("content-length", "content-encoding"))
 
 
 def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float],
-                  sessions: SessionStore | None = None) -> Rewrite:
+                  sessions: SessionStore | None = None,
+                  store: Callable[[str, bytes, str], object] | None = None) -> Rewrite:
+    """`store(slot, answer)`: keep a cache miss's answer as the caller receives it."""
+    if attempt.bridge.passthrough:
+        if attempt.storable and store is not None and attempt.cache_slot:
+            store(attempt.cache_slot, body, attempt.content_type)
+        return Rewrite((), (), None)
     translator = attempt.bridge.translator
     if attempt.session_key and sessions is not None and 200 <= attempt.status < 300:
         answered = chat_to_responses.response_id(body)
@@ -128,6 +148,8 @@ def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float
                         ("content-length", str(len(rendered)))), (), rendered)
     if not attempt.stream:
         answer_body = json.dumps(translated, separators=(",", ":")).encode()
+        if attempt.storable and store is not None and attempt.cache_slot:
+            store(attempt.cache_slot, answer_body, JSON)
         # A length, as the provider's own JSON had: Envoy's usage extraction reads only
         # replies of declared length (observation_filters.py).
         return Rewrite((("content-length", str(len(answer_body))),), (), answer_body)

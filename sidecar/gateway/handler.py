@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from sidecar.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
+from sidecar.cache.caches import ResponseCaches
+from sidecar.cache.keys import cache_directives
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
@@ -20,7 +22,12 @@ from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
-from sidecar.envoy_contract import CALLER_API_HEADER, SESSION_KEY_HEADER
+from sidecar.envoy_contract import (
+    CACHE_HEADER,
+    CACHE_SLOT_HEADER,
+    CALLER_API_HEADER,
+    SESSION_KEY_HEADER,
+)
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
@@ -58,6 +65,16 @@ _MODELS_PATH = "/v1/models"
 
 
 @dataclass(frozen=True, slots=True)
+class CacheVisit:
+    """A request of a group with a response cache that was not answered from it: `miss`
+    (its answer will be stored under `slot`, unless the caller said no-store) or
+    `bypass` (streamed, a stateful session, or cache-control forbade both)."""
+
+    outcome: str
+    slot: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     """An authenticated generation request waiting for its body."""
 
@@ -68,16 +85,22 @@ class Pending:
     request_id: str = ""  # Envoy's x-request-id, for the telemetry join
     traceparent: str = ""  # W3C trace context, checked at join time (telemetry/rows.py)
     session_id: str = ""   # the caller's `x-session-id`, for Chat-to-Responses sessions
+    # The caller's cache-control, for groups with a response cache (cache/keys.py).
+    cache_lookup: bool = True
+    cache_store: bool = True
 
 
 class Gateway:
     def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
                  log_decisions: bool = False, telemetry: Joiner | None = None,
-                 external: ExternalCalls | None = None) -> None:
+                 external: ExternalCalls | None = None,
+                 caches: ResponseCaches | None = None) -> None:
         self._runtime = runtime
         # The routing services of `strategy: external` groups (None: none configured, or a
         # test without them; such groups then decide by their fallback strategy).
         self.external = external
+        # The response caches of groups that have one (docs/cache.md).
+        self.caches = caches
         self._observations = observations
         self._log_decisions = log_decisions
         self._telemetry = telemetry
@@ -127,9 +150,11 @@ class Gateway:
             return _error(ClientError(400, f"{SESSION_HEADER} must be 1 to "
                                            f"{MAX_SESSION_ID_CHARS} printable ASCII characters"),
                           anthropic)
+        control = headers.get("cache-control")
+        lookup, store = cache_directives(control) if control else (True, True)
         return Pending(caller, dialect, "anthropic-version" in headers,
                        SESSION_HEADER in headers, headers.get("x-request-id", ""),
-                       headers.get("traceparent", ""), session_id)
+                       headers.get("traceparent", ""), session_id, lookup, store)
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask:
         anthropic = pending.dialect.is_anthropic
@@ -163,17 +188,49 @@ class Gateway:
                    and model in self._runtime.session_routes)
         if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
             summary = replace(summary, dialect=Dialect.OPENAI_RESPONSES)
+        cache: CacheVisit | None = None
+        if self.caches is not None and model in self.caches:
+            cache = self._cache_visit(pending, model, summary, payload, session)
+            if isinstance(cache, Reply):
+                return cache
         if group.strategy == "external" and self.external is not None:
             candidates = self._runtime.router.external_candidates(summary)
             if candidates:  # none: `_decided` answers the 400 at once
                 query = self.external.builder(model)(summary, candidates, self._observations)
                 return Ask(model, query, lambda answer: self._decided(
-                    pending, model, group, parsed, summary, session, answer))
-        return self._decided(pending, model, group, parsed, summary, session, None)
+                    pending, model, group, parsed, summary, session, answer, cache))
+        return self._decided(pending, model, group, parsed, summary, session, None, cache)
+
+    def _cache_visit(self, pending: Pending, model: str, summary: RequestSummary,
+                     payload: dict, session: bool) -> CacheVisit | Reply:
+        """A cached answer (a Reply, no decision, no upstream call), or how the miss or
+        bypass goes on. Streamed requests and stateful sessions are never cached."""
+        caches = self.caches
+        assert caches is not None
+        stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
+        if (summary.stream or session or stateful
+                or not (pending.cache_lookup or pending.cache_store)):
+            return CacheVisit("bypass")
+        key = caches.key(model, pending.caller.name, pending.dialect, payload)
+        if pending.cache_lookup:
+            answer = caches.lookup(model, key)
+            if answer is not None:
+                if self._telemetry is not None and pending.request_id:
+                    self._telemetry.decided(DecisionFacts(
+                        pending.request_id, time.time(), pending.caller.name, model, None,
+                        summary, pending.traceparent, cache="hit"))
+                return Reply(200, answer.body, answer.content_type, ((CACHE_HEADER, "hit"),))
+        slot = caches.slots.reserve(model, key) if pending.cache_store else None
+        return CacheVisit("miss", slot)
+
+    def store_answer(self, slot: str, body: bytes, content_type: str) -> None:
+        """A cache miss's answer, as the caller receives it (gateway/bridging.py)."""
+        if self.caches is not None:
+            self.caches.store(slot, body, content_type)
 
     def _decided(self, pending: Pending, model: str, group: ModelGroup, parsed: ParsedBody,
-                 summary: RequestSummary, session: bool,
-                 external: ExternalAnswer | None) -> Reply | Forward:
+                 summary: RequestSummary, session: bool, external: ExternalAnswer | None,
+                 cache: CacheVisit | None) -> Reply | Forward:
         anthropic = pending.dialect.is_anthropic
         payload = parsed.payload
         decision = self._runtime.router.decide(summary, self._observations, external)
@@ -182,9 +239,9 @@ class Gateway:
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
         if self._telemetry is not None and pending.request_id:
-            self._telemetry.decided(DecisionFacts(pending.request_id, time.time(),
-                                                  pending.caller.name, model, decision,
-                                                  summary, pending.traceparent))
+            self._telemetry.decided(DecisionFacts(
+                pending.request_id, time.time(), pending.caller.name, model, decision,
+                summary, pending.traceparent, cache=cache.outcome if cache else None))
         if isinstance(decision, NoEligibleTarget):
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
@@ -195,7 +252,10 @@ class Gateway:
         # provider: another target has no such id, so it gets no fallback.
         stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
         allowed = 1 if stateful else group.fallback.max_attempts
-        chosen = [routes[(model, choice.index, pending.dialect)]
+        slot = cache.slot if cache is not None else None
+        cache_routes = self._runtime.cache_routes if slot else {}
+        chosen = [cache_routes.get((model, choice.index, pending.dialect))
+                  or routes[(model, choice.index, pending.dialect)]
                   for choice in decision.ordered[:allowed]]
         attempts = tuple(target.cluster for target in chosen)
         route = chosen[0]
@@ -211,6 +271,8 @@ class Gateway:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
         if group.bridges:  # a retry after a bridged attempt cannot read it from the path
             set_headers.append((CALLER_API_HEADER, pending.dialect.value))
+        if slot:
+            set_headers.append((CACHE_SLOT_HEADER, slot))
         # The caller's other headers went at the header phase (by allowlist).
         return Forward(attempts, tuple(set_headers), (), new_body, decision)
 
@@ -266,7 +328,8 @@ class Gateway:
         if not self._runtime.credential_headers.isdisjoint(headers):
             self.retry_credentials_received += 1
         key = headers.get(SESSION_KEY_HEADER) if bridge.session else None
-        return BridgeAttempt(bridge, session_key=key)
+        return BridgeAttempt(bridge, session_key=key,
+                             cache_slot=headers.get(CACHE_SLOT_HEADER) or None)
 
     def on_attempt_body(self, route: TargetRoute, body: bytes) -> Retarget | Reply:
         try:

@@ -46,6 +46,8 @@ class BridgeRoute:
     translator: Translator
     group: str
     session: bool = False
+    # A response-cache miss in the caller's own API: the answer passes through unchanged.
+    passthrough: bool = False
 
 
 def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
@@ -111,6 +113,9 @@ class Runtime:
         # Per group, the targets a Chat caller's stateful session may use (target index →
         # session route): those speaking OpenAI Responses natively.
         self.session_routes: dict[str, dict[int, TargetRoute]] = {}
+        # Per (group, target index, caller API), the route of a response-cache miss in the
+        # caller's own API: through the sidecar, which stores the answer (docs/cache.md).
+        self.cache_routes: dict[tuple[str, int, Dialect], TargetRoute] = {}
         for group_name, group in config.models.items():
             for index, target in enumerate(group.targets):
                 provider = config.providers[target.provider]
@@ -123,7 +128,8 @@ class Runtime:
                                         model_ref=target.model_ref)
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
-                self._add_processed(config, group_name, index, target, group.bridges)
+                cached = group.response_cache is not None and group.response_cache.enabled
+                self._add_processed(config, group_name, index, target, group.bridges, cached)
         self.forwarded_headers = forwarded_request_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
         # bootstrap is not the rendered one, and a key reached the sidecar.
@@ -131,21 +137,25 @@ class Runtime:
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
 
     def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
-                       target: Target, bridges: bool) -> None:
+                       target: Target, bridges: bool, cached: bool) -> None:
         """Routes through the sidecar's response processing: bridges, Responses requests to
         Responses targets (unary upstream) and stateful sessions (bridge/registry.py)."""
         provider = config.providers[target.provider]
-        for processed in processed_routes(config.target_dialects(target), bridges):
+        for processed in processed_routes(config.target_dialects(target), bridges, cached):
             cluster = bridge_cluster_name(group_name, index, target.provider, processed.suffix)
             base_path = urlsplit(provider.base_url_for(processed.speaks)).path.rstrip("/")
             route = TargetRoute(cluster=cluster, path=base_path + processed.speaks.endpoint,
                                 model_ref=target.model_ref)
             session = processed.kind == "session"
-            self.bridges[cluster] = BridgeRoute(route, processed.translator, group_name, session)
+            self.bridges[cluster] = BridgeRoute(route, processed.translator, group_name, session,
+                                                passthrough=processed.kind == "cache")
             self.cluster_targets[cluster] = f"{target.provider}/{target.model_ref}"
             self.cluster_groups[cluster] = group_name
             if session:
                 self.session_routes.setdefault(group_name, {})[index] = route
+                continue
+            if processed.kind == "cache":  # taken instead of the native route on a miss
+                self.cache_routes[(group_name, index, processed.caller)] = route
                 continue
             self.routes[(group_name, index, processed.caller)] = route
             if processed.kind == "bridge":

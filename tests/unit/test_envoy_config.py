@@ -198,6 +198,9 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
         assert removed == ["x-envoy-attempt-count", "x-envoy-expected-rq-timeout-ms",
                            "x-envoy-original-host", "authorization", "proxy-authorization",
                            "x-api-key", "x-forwarded-proto"]
+        # Only the gateway says an answer came from its cache (docs/cache.md).
+        assert strip["typed_config"]["mutations"]["response_mutations"] == [
+            {"remove": "x-sidecar-cache"}]
         provider = cluster["name"].rsplit("__", 1)[1]
         if provider == "minimax":  # speaks both families: one injector per header and path
             assert [f["name"] for f in injectors] == ["sidecar.credential.authorization",
@@ -275,3 +278,30 @@ def test_envoy_reply_types_agree_with_the_sidecars() -> None:
     for status in (400, 404, 413, 500, 504):
         openai_body = json.loads(ClientError(status, "m").render(False))
         assert openai_type(status) == openai_body["error"]["type"], status
+
+
+def test_a_group_with_a_response_cache_gets_a_cache_route_per_native_api() -> None:
+    """Misses go through a processed cluster of the target that sees the answer
+    (docs/cache.md §3); streamed requests keep the target's own cluster."""
+    config = load_config_text("""
+providers:
+  both: {base_url: 'http://127.0.0.1:9/v1', dialects: [openai_chat, anthropic_messages]}
+models:
+  g:
+    targets: [{provider: both, model_ref: m}]
+    response_cache: {}
+""")
+    clusters = {c.name: c for c in bootstrap(config, EnvoyAddresses()).static_resources.clusters}
+    base = target_cluster_name("g", 0, "both")
+    assert {f"{base}__from_openai_chat_cached", f"{base}__from_anthropic_messages_cached",
+            base} <= set(clusters)
+    without = load_config_text("""
+providers:
+  both: {base_url: 'http://127.0.0.1:9/v1', dialects: [openai_chat, anthropic_messages]}
+models:
+  g:
+    targets: [{provider: both, model_ref: m}]
+    response_cache: {enabled: false}
+""")
+    names = [c.name for c in bootstrap(without, EnvoyAddresses()).static_resources.clusters]
+    assert not any(name.endswith("_cached") for name in names)
