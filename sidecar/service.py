@@ -20,8 +20,10 @@ from sidecar.extproc.server import start_server
 from sidecar.gateway import Gateway, Runtime
 from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
-from sidecar.observe.access_log import AccessLogReceiver
+from sidecar.observe.access_log import AccessLogReceiver, FanOut
 from sidecar.observe.store import ObservationStore
+from sidecar.quotas.admission import Quotas, has_quotas
+from sidecar.quotas.metrics import add_quota_metrics
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.join import Joiner
@@ -74,10 +76,13 @@ class RunningSidecar:
     store: ObservationStore
     telemetry: Telemetry | None = field(default=None)
     external: ExternalCalls | None = field(default=None)
+    quotas: Quotas | None = field(default=None)
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.admin.stop()
         await self.server.stop(grace=grace)
+        if self.quotas is not None:
+            await self.quotas.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
         if self.external is not None:
@@ -145,11 +150,13 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                 if any(g.strategy == "external" for g in config.models.values()) else None)
     caches = (ResponseCaches(config, longest_request_s(config))
               if cached_groups(config) else None)
+    quotas = Quotas(config, longest_request_s(config)) if has_quotas(config) else None
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
-                      telemetry=joiner, external=external, caches=caches)
+                      telemetry=joiner, external=external, caches=caches, quotas=quotas)
+    sinks = [sink for sink in (joiner, quotas.ledger if quotas else None) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
-                                  telemetry=joiner)
+                                  telemetry=FanOut(sinks) if sinks else None)
                 if enabled else None)
     processor = ExternalProcessor(gateway)
     auth = ChannelAuth(channel_token) if channel_token is not None else None
@@ -179,6 +186,9 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                             lambda: dict(external.outcomes))
     if caches is not None:
         add_cache_metrics(metrics, caches)
+    if quotas is not None:
+        add_quota_metrics(metrics, quotas)
+        quotas.start()
     reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
@@ -191,4 +201,4 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
     if telemetry is not None:
         telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
-    return RunningSidecar(server, admin, store, telemetry, external)
+    return RunningSidecar(server, admin, store, telemetry, external, quotas)

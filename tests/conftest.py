@@ -1,4 +1,4 @@
-"""Fixtures shared by unit and end-to-end tests: the private PostgreSQL server."""
+"""Fixtures shared by unit and end-to-end tests: the private PostgreSQL and Redis servers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.postgres_server import PostgresNotInstalled, fresh_database, postgres_server
+from tests.redis_server import RedisNotInstalled, RedisServer, redis_server
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +28,15 @@ def postgres_dsn(postgres_admin_dsn: str) -> Iterator[str]:
     """An empty database of its own for one test."""
     with fresh_database(postgres_admin_dsn) as dsn:
         yield dsn
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    """A private Redis for one test (tests may stop and start it). Not installed: a loud
+    skip. Installed but will not start: the tests fail (RedisWillNotStart)."""
+    try:
+        with redis_server() as server:
+            yield server
+    except RedisNotInstalled as exc:
+        warnings.warn(f"Redis tests SKIPPED: {exc}", stacklevel=1)
+        pytest.skip(f"Redis is not installed here: {exc}")

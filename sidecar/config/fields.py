@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 
 class StrictModel(BaseModel):
@@ -106,3 +107,16 @@ EnvName = Annotated[str, AfterValidator(_env_name)]
 HeaderName = Annotated[str, AfterValidator(_header_name)]
 Sha256Hex = Annotated[str, AfterValidator(_sha256_hex)]
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
+
+
+class SecretSource(StrictModel):
+    """A secret read from an environment variable or a file, never written in the config."""
+
+    env: EnvName | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of 'env' or 'file'")
+        return self

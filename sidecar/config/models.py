@@ -25,11 +25,13 @@ from sidecar.config.fields import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    SecretSource,
     Sha256Hex,
     StrictModel,
     bounded,
 )
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
+from sidecar.config.quotas import CallerQuotas, QuotaSettings, quota_errors
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
 from sidecar.envoy_contract import target_cluster_name
 
@@ -55,19 +57,6 @@ def _check_base_url(value: str) -> str:
 def _origin(url: str) -> tuple[str, str | None, int | None]:
     parts = urlsplit(url)
     return parts.scheme, parts.hostname, parts.port
-
-
-class SecretSource(StrictModel):
-    """A secret read from an environment variable or a file, never written in the config."""
-
-    env: EnvName | None = None
-    file: Path | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> SecretSource:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("set exactly one of 'env' or 'file'")
-        return self
 
 
 class Credential(SecretSource):
@@ -264,6 +253,7 @@ class Caller(StrictModel):
     token_file: Path | None = None
     models: list[str] = Field(default_factory=lambda: ["*"])
     spend_ceiling_usd: PositiveFloat | None = None
+    quotas: CallerQuotas | None = None
 
     @model_validator(mode="after")
     def _one_token_source(self) -> Caller:
@@ -358,6 +348,7 @@ class SidecarConfig(StrictModel):
     observations: Observations = Observations()
     telemetry: Telemetry = Telemetry()
     sessions: Sessions = Sessions()
+    quotas: QuotaSettings = QuotaSettings()
 
     @model_validator(mode="before")
     @classmethod
@@ -440,6 +431,9 @@ class SidecarConfig(StrictModel):
                         f"callers[{index}].models",
                         f"unknown model group '{group_name}'",
                     ))
+        for index, caller in enumerate(self.callers):
+            errors.extend(quota_errors(f"callers[{index}].quotas", caller.quotas, self.models,
+                                       self.observations.enabled))
         seen: dict[str, int] = {}
         for index, caller in enumerate(self.callers):
             if caller.name in seen:

@@ -41,7 +41,8 @@ class ClientError:
                 "error": {"type": kind, "message": self.message},
             }
         else:
-            kind = "server_error" if self.status >= 500 else "invalid_request_error"
+            kind = ("server_error" if self.status >= 500 else "rate_limit_exceeded"
+                    if self.status == 429 else "invalid_request_error")
             payload = {
                 "error": {
                     "message": self.message,

@@ -46,6 +46,8 @@ from sidecar.gateway.sessions import (
     valid_session_id,
 )
 from sidecar.grpcwire.ratelimit import LogLimiter
+from sidecar.quotas.admission import Quotas, refusal_error
+from sidecar.quotas.counters import Refusal
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
@@ -94,13 +96,15 @@ class Gateway:
     def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
                  log_decisions: bool = False, telemetry: Joiner | None = None,
                  external: ExternalCalls | None = None,
-                 caches: ResponseCaches | None = None) -> None:
+                 caches: ResponseCaches | None = None, quotas: Quotas | None = None) -> None:
         self._runtime = runtime
         # The routing services of `strategy: external` groups (None: none configured, or a
         # test without them; such groups then decide by their fallback strategy).
         self.external = external
         # The response caches of groups that have one (docs/cache.md).
         self.caches = caches
+        # Caller quotas (docs/quotas.md); None when no caller has any.
+        self.quotas = quotas
         self._observations = observations
         self._log_decisions = log_decisions
         self._telemetry = telemetry
@@ -177,6 +181,10 @@ class Gateway:
         if model not in self._runtime.config.models or not pending.caller.may_use(model):
             return _error(errors.model_not_found(model), anthropic)
 
+        if self.quotas is not None:
+            refusal = self.quotas.admit(pending.caller.name, model, pending.request_id)
+            if refusal is not None:
+                return self._refused(pending, model, refusal)
         group = self._runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
         refusal = (bridge_refusal(self._runtime.bridge_translators.get((model, pending.dialect)),
@@ -222,6 +230,16 @@ class Gateway:
                 return Reply(200, answer.body, answer.content_type, ((CACHE_HEADER, "hit"),))
         slot = caches.slots.reserve(model, key) if pending.cache_store else None
         return CacheVisit("miss", slot)
+
+    def _refused(self, pending: Pending, model: str, refusal: Refusal) -> Reply:
+        """Over a quota: 429 with retry-after, and a telemetry row naming the limit."""
+        if self._telemetry is not None and pending.request_id:
+            self._telemetry.decided(DecisionFacts(
+                pending.request_id, time.time(), pending.caller.name, model, None, None,
+                pending.traceparent, admission=refusal.reason))
+        error = refusal_error(refusal)
+        return Reply(error.status, error.render(pending.dialect.is_anthropic),
+                     headers=(("retry-after", str(refusal.retry_after_s)),))
 
     def store_answer(self, slot: str, body: bytes, content_type: str) -> None:
         """A cache miss's answer, as the caller receives it (gateway/bridging.py)."""

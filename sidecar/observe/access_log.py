@@ -169,6 +169,21 @@ class TelemetrySink(Protocol):
     def fallback(self, transition: Transition) -> None: ...
 
 
+class FanOut:
+    """Several sinks of the access log's results (telemetry's join, the quota ledger)."""
+
+    def __init__(self, sinks: list[TelemetrySink]) -> None:
+        self._sinks = sinks
+
+    def finished(self, result: RequestResult) -> None:
+        for sink in self._sinks:
+            sink.finished(result)
+
+    def fallback(self, transition: Transition) -> None:
+        for sink in self._sinks:
+            sink.fallback(transition)
+
+
 class AccessLogReceiver:
     SERVICE = "envoy.service.accesslog.v3.AccessLogService"
     METHOD = "StreamAccessLogs"

@@ -141,7 +141,7 @@ INVALID = [
     ("routes: {}", "models: is required"),
     ("models: {g: {targets: [%s]}}\nroutes: {}" % GOOD_TARGET,
      "routes: unknown key (allowed: callers, limits, models, observations, providers, "
-     "sessions, telemetry)"),
+     "quotas, sessions, telemetry)"),
     ("models: {g: [", "not valid YAML at line"),
 ]
 

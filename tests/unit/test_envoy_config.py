@@ -275,7 +275,7 @@ def test_envoy_reply_types_agree_with_the_sidecars() -> None:
     for status in (400, 403, 404, 405, 413, 429, 500, 502):
         anthropic_body = json.loads(ClientError(status, "m").render(True))
         assert anthropic_type(status) == anthropic_body["error"]["type"], status
-    for status in (400, 404, 413, 500, 504):
+    for status in (400, 404, 413, 429, 500, 504):
         openai_body = json.loads(ClientError(status, "m").render(False))
         assert openai_type(status) == openai_body["error"]["type"], status
 

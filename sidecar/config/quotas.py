@@ -1,0 +1,70 @@
+"""Caller quotas (`callers[].quotas`) and how replicas share their counters (`quotas:`);
+docs/quotas.md."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import Field
+
+from sidecar.config.fields import (
+    PositiveFloat,
+    PositiveInt,
+    SecretSource,
+    StrictModel,
+    bounded,
+)
+
+LIMIT_NAMES = ("requests_per_minute", "tokens_per_day", "spend_per_day_usd")
+
+
+class QuotaLimits(StrictModel):
+    """Limits over UTC windows; unset means unlimited."""
+
+    requests_per_minute: Annotated[PositiveInt, bounded(1, 100_000_000)] | None = None
+    tokens_per_day: Annotated[PositiveInt, bounded(1, 10**15)] | None = None
+    spend_per_day_usd: Annotated[PositiveFloat, bounded(0.000001, 10**9)] | None = None
+
+    def limits(self) -> list[tuple[str, float]]:
+        return [(name, float(value)) for name in LIMIT_NAMES
+                if (value := getattr(self, name)) is not None]
+
+
+class CallerQuotas(QuotaLimits):
+    """A caller's limits over all its requests, and over its requests to one group."""
+
+    per_group: dict[str, QuotaLimits] = Field(default_factory=dict)
+
+
+class QuotaSettings(StrictModel):
+    """Process-local counters by default; with `redis_url`, shared across replicas by a
+    background reconciliation (never on the request path)."""
+
+    redis_url: SecretSource | None = None
+    reconcile_ms: Annotated[PositiveInt, bounded(10, 60_000)] = 100
+    # A replica's room past the last total it read, per request limit and round.
+    slice_percent: Annotated[PositiveFloat, bounded(0.1, 100)] = 10.0
+    key_prefix: str = "sidecar:quota:"
+
+
+def quota_errors(path: str, quotas: CallerQuotas | None, groups: Mapping[str, object],
+                 observations_enabled: bool) -> list:
+    """Unknown groups in `per_group`; token and spend limits without the access log that
+    counts them."""
+    from sidecar.config.models import ConfigReferenceError
+
+    if quotas is None:
+        return []
+    errors = []
+    for group in quotas.per_group:
+        if group not in groups:
+            errors.append(ConfigReferenceError(f"{path}.per_group",
+                                               f"unknown model group '{group}'"))
+    counted = [quotas, *quotas.per_group.values()]
+    if not observations_enabled and any(
+            q.tokens_per_day is not None or q.spend_per_day_usd is not None for q in counted):
+        errors.append(ConfigReferenceError(
+            path, "tokens_per_day and spend_per_day_usd are counted from Envoy's access log: "
+                  "they need observations.enabled: true"))
+    return errors

@@ -1,0 +1,113 @@
+"""Quota counters over UTC windows, and the admission check that reads them.
+
+Pure and clocked: no I/O. A counter holds `known` (the total of all replicas at the last
+reconciliation; 0 without Redis) and `unsynced` (what this process counted since). The
+check compares their sum with the limit; with a shared store, a replica may also not run
+more than one `slice` of a request limit ahead of its last reconciliation (docs/quotas.md
+§3: the bound on over-admission)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sidecar.config.models import SidecarConfig
+from sidecar.config.quotas import QuotaLimits
+
+WINDOW_S = {"requests_per_minute": 60, "tokens_per_day": 86_400, "spend_per_day_usd": 86_400}
+ALL_GROUPS = "*"
+
+# (caller, scope: a group or ALL_GROUPS, limit name, window number)
+CounterKey = tuple[str, str, str, int]
+
+
+@dataclass(slots=True)
+class Counter:
+    known: float = 0.0
+    unsynced: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request is not admitted (`caller_…` or `group_…` and the limit's name) and how
+    long until it could be."""
+
+    reason: str
+    retry_after_s: int
+
+
+class QuotaCounters:
+    def __init__(self, config: SidecarConfig,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._quotas = {caller.name: caller.quotas for caller in config.callers
+                        if caller.quotas is not None}
+        self._slice_percent = config.quotas.slice_percent
+        self._clock = wall_clock
+        self.counters: dict[CounterKey, Counter] = {}
+        # With a shared store that answers: a replica keeps within its slice.
+        self.sliced = False
+
+    def __contains__(self, caller: str) -> bool:
+        return caller in self._quotas
+
+    def admit(self, caller: str, group: str) -> Refusal | None:
+        """Admit one request (and count it) or say which limit refuses it."""
+        now = self._clock()
+        request_counters = []
+        for scope, limits in self._scopes(caller, group):
+            for name, limit in limits.limits():
+                window = WINDOW_S[name]
+                counter = self._counter((caller, scope, name, int(now // window)))
+                prefix = "caller" if scope == ALL_GROUPS else "group"
+                if counter.known + counter.unsynced >= limit:
+                    return Refusal(f"{prefix}_{name}", _until_next(now, window))
+                if name == "requests_per_minute":
+                    if self.sliced and counter.unsynced >= _slice(limit, self._slice_percent):
+                        return Refusal(f"{prefix}_{name}", 1)
+                    request_counters.append(counter)
+        for counter in request_counters:
+            counter.unsynced += 1
+        return None
+
+    def used(self, caller: str, group: str, tokens: int, cost_usd: float, at: float) -> None:
+        """A finished request's tokens and spend, counted in the window it started in."""
+        for scope, limits in self._scopes(caller, group):
+            for name, amount in (("tokens_per_day", tokens), ("spend_per_day_usd", cost_usd)):
+                if amount and getattr(limits, name) is not None:
+                    window = WINDOW_S[name]
+                    self._counter((caller, scope, name, int(at // window))).unsynced += amount
+
+    def current(self) -> Iterator[tuple[CounterKey, Counter]]:
+        """Counters of the windows still open; those of ended windows are dropped once
+        nothing is left to reconcile."""
+        now = self._clock()
+        for key, counter in list(self.counters.items()):
+            if key[3] == int(now // WINDOW_S[key[2]]) or counter.unsynced:
+                yield key, counter
+            else:
+                del self.counters[key]
+
+    def _scopes(self, caller: str, group: str) -> Iterator[tuple[str, QuotaLimits]]:
+        quotas = self._quotas.get(caller)
+        if quotas is None:
+            return
+        yield ALL_GROUPS, quotas
+        per_group = quotas.per_group.get(group)
+        if per_group is not None:
+            yield group, per_group
+
+    def _counter(self, key: CounterKey) -> Counter:
+        counter = self.counters.get(key)
+        if counter is None:
+            counter = self.counters[key] = Counter()
+        return counter
+
+
+def _slice(limit: float, percent: float) -> float:
+    return max(1.0, math.ceil(limit * percent / 100))
+
+
+def _until_next(now: float, window: int) -> int:
+    return max(1, math.ceil((int(now // window) + 1) * window - now))

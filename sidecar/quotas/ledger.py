@@ -1,0 +1,63 @@
+"""Tokens and spend of admitted requests, counted when their access-log entry arrives.
+
+The access log names the request by Envoy's request id and the serving target, not the
+caller: the ledger remembers, per admitted request, its caller, group and start, and drops
+what no entry claims within the longest request deadline (or beyond `max_pending`, the
+oldest first). Prices are the serving target's `pricing`."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from sidecar.config.models import SidecarConfig
+from sidecar.observe.attempts import Transition
+from sidecar.quotas.counters import QuotaCounters
+from sidecar.telemetry.rows import RequestResult, cost_usd
+
+
+class QuotaLedger:
+    def __init__(self, config: SidecarConfig, counters: QuotaCounters, max_age_s: float,
+                 max_pending: int = 65_536,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._counters = counters
+        self._prices = {f"{t.provider}/{t.model_ref}": t.pricing
+                        for group in config.models.values() for t in group.targets
+                        if t.pricing}
+        self._max_age = max_age_s
+        self._max_pending = max_pending
+        self._clock = clock
+        self._wall = wall_clock
+        # request id → (caller, group, wall-clock start, monotonic start)
+        self._pending: OrderedDict[str, tuple[str, str, float, float]] = OrderedDict()
+        self.unclaimed = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def admitted(self, request_id: str, caller: str, group: str) -> None:
+        if not request_id:
+            return
+        now = self._clock()
+        self._pending[request_id] = (caller, group, self._wall(), now)
+        while self._pending:
+            oldest, entry = next(iter(self._pending.items()))
+            if len(self._pending) <= self._max_pending and now - entry[3] < self._max_age:
+                break
+            del self._pending[oldest]
+            self.unclaimed += 1
+
+    def finished(self, result: RequestResult) -> None:
+        """The access log's entry for a request (the TelemetrySink interface)."""
+        entry = self._pending.pop(result.request_id, None)
+        if entry is None:
+            return
+        caller, group, started, _ = entry
+        tokens = (result.input_tokens or 0) + (result.output_tokens or 0)
+        cost = cost_usd(self._prices.get(result.serving_target or ""), result) or 0.0
+        self._counters.used(caller, group, tokens, cost, started)
+
+    def fallback(self, transition: Transition) -> None:
+        """Fallback transitions cost nothing by themselves."""

@@ -1,0 +1,114 @@
+"""Quota admission (docs/quotas.md) with an injected clock: each limit at its boundary,
+`retry-after` to the window's end, per-group limits, the slice a replica keeps within
+while its counters are shared, and the ledger that counts tokens and spend."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.config import ConfigError
+from sidecar.quotas.counters import QuotaCounters, Refusal
+from sidecar.quotas.ledger import QuotaLedger
+from sidecar.telemetry.rows import RequestResult
+from tests.unit.routing.helpers import config
+
+MIDNIGHT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+CALLERS = """
+callers:
+  - name: team
+    token_sha256: "%s"
+    quotas:
+      requests_per_minute: 3
+      tokens_per_day: 1000
+      spend_per_day_usd: 0.5
+      per_group:
+        premium: {requests_per_minute: 1}
+  - {name: free, token_sha256: "%s"}
+""" % ("a" * 64, "b" * 64)
+GROUPS = """
+  basic:
+    targets: [{provider: p, model_ref: cheap, pricing: {input_per_mtok: 100, output_per_mtok: 400}}]
+  premium:
+    targets: [{provider: p, model_ref: best}]
+"""
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counters(at: float = MIDNIGHT + 30) -> tuple[QuotaCounters, Clock]:
+    clock = Clock(at)
+    return QuotaCounters(config(GROUPS + CALLERS), clock), clock
+
+
+def test_requests_per_minute_at_its_boundary_with_retry_after() -> None:
+    quotas, clock = counters(MIDNIGHT + 45.2)
+    assert [quotas.admit("team", "basic") for _ in range(3)] == [None, None, None]
+    assert quotas.admit("team", "basic") == Refusal("caller_requests_per_minute", 15)
+    clock.now = MIDNIGHT + 60  # the next minute
+    assert quotas.admit("team", "basic") is None
+    assert quotas.admit("free", "basic") is None  # no quotas: never refused
+
+
+def test_a_per_group_limit_names_the_group_scope() -> None:
+    quotas, _ = counters()
+    assert quotas.admit("team", "premium") is None
+    assert quotas.admit("team", "premium") == Refusal("group_requests_per_minute", 30)
+    assert quotas.admit("team", "basic") is None  # the caller-wide limit still has room
+    # A refused request was not counted against the caller-wide limit either.
+    assert quotas.admit("team", "basic") is None
+    assert quotas.admit("team", "basic").reason == "caller_requests_per_minute"
+
+
+def test_tokens_and_spend_per_day_count_when_used() -> None:
+    quotas, clock = counters(MIDNIGHT + 3600)
+    quotas.used("team", "basic", 999, 0.0, MIDNIGHT + 3600)
+    assert quotas.admit("team", "basic") is None  # 999 < 1000
+    quotas.used("team", "basic", 1, 0.0, MIDNIGHT + 3600)
+    refusal = quotas.admit("team", "basic")
+    assert refusal == Refusal("caller_tokens_per_day", 86_400 - 3600)
+    clock.now = MIDNIGHT + 86_400
+    assert quotas.admit("team", "basic") is None
+    quotas.used("team", "basic", 0, 0.5, clock.now)
+    assert quotas.admit("team", "basic").reason == "caller_spend_per_day_usd"
+
+
+def test_a_shared_replica_keeps_within_its_slice() -> None:
+    cfg = config(GROUPS + CALLERS.replace("requests_per_minute: 3", "requests_per_minute: 40"))
+    quotas = QuotaCounters(cfg, Clock(MIDNIGHT))
+    quotas.sliced = True  # Redis answered: slice = 10 % of 40 = 4 past the last total
+    assert [quotas.admit("team", "basic") for _ in range(4)] == [None] * 4
+    assert quotas.admit("team", "basic") == Refusal("caller_requests_per_minute", 1)
+    quotas.sliced = False  # Redis down: local limits only
+    assert quotas.admit("team", "basic") is None
+
+
+def test_the_ledger_counts_tokens_and_cost_of_admitted_requests() -> None:
+    cfg = config(GROUPS + CALLERS)
+    quotas = QuotaCounters(cfg, Clock(MIDNIGHT))
+    ledger = QuotaLedger(cfg, quotas, max_age_s=60, max_pending=2, clock=Clock(0.0),
+                         wall_clock=Clock(MIDNIGHT))
+    ledger.admitted("r1", "team", "basic")
+    ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok", 10.0, 5.0, 1000, 250, None))
+    ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok", 10.0, 5.0, 1000, 250, None))
+    ledger.finished(RequestResult("other", 200, "p/cheap", 1, "ok", 10.0, 5.0, 9, 9, None))
+    day = int(MIDNIGHT // 86_400)
+    assert quotas.counters[("team", "*", "tokens_per_day", day)].unsynced == 1250  # once
+    spend = quotas.counters[("team", "*", "spend_per_day_usd", day)].unsynced
+    assert spend == pytest.approx((1000 * 100 + 250 * 400) / 1e6)
+    for request_id in ("a", "b", "c"):
+        ledger.admitted(request_id, "team", "basic")
+    assert len(ledger) == 2 and ledger.unclaimed == 1  # bounded: the oldest went
+
+
+def test_quota_config_errors_name_their_path() -> None:
+    with pytest.raises(ConfigError, match=r"callers\[0\].quotas.per_group: unknown model "
+                                          "group 'nope'"):
+        config(GROUPS + CALLERS.replace("premium: {", "nope: {"))
+    with pytest.raises(ConfigError, match=r"need observations\.enabled"):
+        config(GROUPS + CALLERS + "observations: {enabled: false}\n")
