@@ -6,8 +6,11 @@ over-admission; with Redis down they keep serving under local limits and say so.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +27,8 @@ from tests.redis_server import RedisServer
 pytestmark = pytest.mark.e2e
 
 TOKENS = {"rpm-openai": "q-token-1", "rpm-anthropic": "q-token-2", "tokens": "q-token-3",
-          "spend": "q-token-4", "shared": "q-token-5"}
+          "spend": "q-token-4", "shared": "q-token-5", "tokens-anthropic": "q-token-6",
+          "spend-anthropic": "q-token-7"}
 CONFIG = """\
 providers:
   both: {{base_url: '{both}', credential: {{env: KEY_BOTH}},
@@ -39,6 +43,9 @@ callers:
   - {{name: tokens, token_sha256: {tokens}, quotas: {{tokens_per_day: 10}}}}
   - {{name: spend, token_sha256: {spend}, quotas: {{spend_per_day_usd: 0.001}}}}
   - {{name: shared, token_sha256: {shared}, quotas: {{requests_per_minute: 10}}}}
+  - {{name: tokens-anthropic, token_sha256: {tokens-anthropic}, quotas: {{tokens_per_day: 10}}}}
+  - {{name: spend-anthropic, token_sha256: {spend-anthropic},
+      quotas: {{spend_per_day_usd: 0.001}}}}
 models:
   chat:
     targets:
@@ -132,23 +139,49 @@ def test_a_per_group_limit_in_the_anthropic_dialect(stack) -> None:
     assert admission_rows(stack, "rpm-anthropic") == ["group_requests_per_minute"]
 
 
-@pytest.mark.parametrize(("who", "reason"), [("tokens", "caller_tokens_per_day"),
-                                             ("spend", "caller_spend_per_day_usd")])
+def message(up: UpProcess, who: str) -> None:
+    client = anthropic.Anthropic(base_url=up.base_url, api_key=TOKENS[who], max_retries=0)
+    client.messages.create(model="chat", max_tokens=16,
+                           messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(("who", "reason"), [
+    ("tokens", "caller_tokens_per_day"), ("spend", "caller_spend_per_day_usd"),
+    ("tokens-anthropic", "caller_tokens_per_day"),
+    ("spend-anthropic", "caller_spend_per_day_usd")])
 def test_tokens_and_spend_per_day_refuse_once_used(stack, who, reason) -> None:
     """The fake provider reports usage; once the access log counted it past the limit
     (10 tokens; $0.001 at $100 per million tokens), the next request is refused until
     the UTC day ends."""
+    send, refusal = ((message, anthropic.RateLimitError) if who.endswith("anthropic")
+                     else (chat, openai.RateLimitError))
     deadline = time.monotonic() + 30
     while True:
         try:
-            chat(stack, who)
-        except openai.RateLimitError as refused:
+            send(stack, who)
+        except refusal as refused:
             seconds = int(refused.response.headers["retry-after"])
             assert 0 < seconds <= 86_400
             break
         assert time.monotonic() < deadline, "never refused"
         time.sleep(0.1)  # the usage arrives with the access log (flushed every 50 ms)
     assert admission_rows(stack, who) == [reason]
+
+
+def test_the_decisions_report_counts_admission_buckets(stack) -> None:
+    for who in ("rpm-openai", "tokens"):
+        assert admission_rows(stack, who)  # the earlier tests' refusals are written
+    done = subprocess.run([sys.executable, "-m", "sidecar", "report", "decisions", "--db",
+                           str(stack.db), "--since", "1h", "--format", "json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    admission: dict[str, int] = {}
+    for row in json.loads(done.stdout)["rows"]:
+        for bucket, count in row["admission"].items():
+            admission[bucket] = admission.get(bucket, 0) + count
+    assert admission["caller_requests_per_minute"] >= 1
+    assert admission["caller_tokens_per_day"] >= 1
+    assert admission["none"] >= 1  # the admitted ones
 
 
 def metric(up: UpProcess, name: str) -> float | None:
