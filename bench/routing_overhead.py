@@ -41,7 +41,7 @@ from sidecar.devstack.stack import start_envoy
 from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
-from sidecar.process import keep_large_buffers_in_heap
+from sidecar.operations.process import keep_large_buffers_in_heap
 
 TOKEN = "bench-token"
 STREAMS = "streamed chat, time to the first event"

@@ -1,3 +1,3 @@
-from sidecar.cli import main
+from sidecar.commands.cli import main
 
 raise SystemExit(main())

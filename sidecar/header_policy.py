@@ -17,8 +17,8 @@ Pseudo-headers (`:path`, ...) are Envoy's and never filtered here.
 
 from __future__ import annotations
 
-from sidecar.apis import Dialect
 from sidecar.config.models import Credential, SidecarConfig
+from sidecar.dialects.apis import Dialect
 
 # Headers that carry a caller's own credentials; never sent to a provider.
 CALLER_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.errors import ClientError
 
 CREDENTIALS_REJECTED = ("The provider rejected the gateway's credentials for this target "

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.apis import Dialect
 from sidecar.bridge import (
     chat_to_messages,
     chat_to_responses,
@@ -20,6 +19,7 @@ from sidecar.bridge import (
     responses_to_chat,
 )
 from sidecar.bridge.errors import translated_error
+from sidecar.dialects.apis import Dialect
 
 Body = Mapping[str, Any]
 

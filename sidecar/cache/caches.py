@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.apis import Dialect
 from sidecar.cache.keys import cache_key
 from sidecar.cache.slots import Slots
 from sidecar.cache.store import AnswerStore, CachedAnswer
 from sidecar.config.models import SidecarConfig
+from sidecar.dialects.apis import Dialect
 
 # Misses waiting for their answer at once; beyond it the oldest is not stored.
 MAX_SLOTS = 10_000
@@ -30,6 +30,15 @@ class ResponseCaches:
         self.stores = {name: AnswerStore(config.models[name].response_cache, clock)  # type: ignore[arg-type]
                        for name in self._shared}
         self.slots = Slots(MAX_SLOTS, max_request_s, clock)
+
+    def carry_over(self, previous: ResponseCaches) -> None:
+        """After a reload: a group whose cache settings did not change keeps its answers
+        (its targets may have: an answer stays an answer), and misses under way still find
+        their slots."""
+        for group, store in previous.stores.items():
+            if group in self.stores and store.policy == self.stores[group].policy:
+                self.stores[group] = store
+        self.slots = previous.slots
 
     def __contains__(self, group: str) -> bool:
         return group in self.stores

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 
 
 def cache_key(group: str, caller: str | None, dialect: Dialect,

@@ -22,7 +22,7 @@ class CachedAnswer:
 class AnswerStore:
     def __init__(self, policy: ResponseCache,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._policy = policy
+        self.policy = policy
         self._clock = clock
         self._answers: OrderedDict[bytes, CachedAnswer] = OrderedDict()
         self.bytes = 0
@@ -35,7 +35,7 @@ class AnswerStore:
 
     def get(self, key: bytes) -> CachedAnswer | None:
         answer = self._answers.get(key)
-        if answer is not None and self._clock() - answer.stored_at >= self._policy.ttl_seconds:
+        if answer is not None and self._clock() - answer.stored_at >= self.policy.ttl_seconds:
             self._drop(key)
             answer = None
         if answer is None:
@@ -47,14 +47,14 @@ class AnswerStore:
 
     def put(self, key: bytes, body: bytes, content_type: str) -> bool:
         """Store an answer; False when it is larger than `max_entry_bytes`."""
-        if len(body) > self._policy.max_entry_bytes:
+        if len(body) > self.policy.max_entry_bytes:
             return False
         if key in self._answers:
             self._drop(key)
         self._answers[key] = CachedAnswer(body, content_type, self._clock())
         self.bytes += len(body)
-        while (len(self._answers) > self._policy.max_entries
-               or self.bytes > self._policy.max_bytes):
+        while (len(self._answers) > self.policy.max_entries
+               or self.bytes > self.policy.max_bytes):
             self._drop(next(iter(self._answers)))
             self.evictions += 1
         return True

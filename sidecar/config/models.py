@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from sidecar.apis import Dialect
 from sidecar.config.catalog import BUILTIN_PROVIDERS
 from sidecar.config.fields import (
     EnvName,
@@ -33,6 +32,7 @@ from sidecar.config.fields import (
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
 from sidecar.config.quotas import CallerQuotas, QuotaSettings, quota_errors
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
+from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import target_cluster_name
 
 

@@ -161,14 +161,15 @@ class UpProcess:
 @contextlib.contextmanager
 def keyed_stack(workdir: Path, fakes: list[FakeProvider],
                 config_text: Callable[[ProviderThread], str], keys: Mapping[str, str],
-                *args: str) -> Iterator[tuple[UpProcess, ProviderThread]]:
+                *args: str, env: Mapping[str, str] | None = None
+                ) -> Iterator[tuple[UpProcess, ProviderThread]]:
     """Fake providers and `sidecar up --config` in front of them, each provider's key in the
-    variable `KEY_<NAME>` (the configuration names them so): what the e2e modules that
-    need their own stack share."""
+    variable `KEY_<NAME>` (the configuration names them so), plus `env`: what the e2e
+    modules that need their own stack share."""
     with ProviderThread(fakes) as providers:
         config = workdir / "config.yaml"
         config.write_text(config_text(providers))
-        env = {f"KEY_{name.upper()}": key for name, key in keys.items()}
+        env = {**{f"KEY_{name.upper()}": key for name, key in keys.items()}, **(env or {})}
         up = UpProcess(["--config", str(config), *args], env=env, log_path=workdir / "up.log")
         with up.running():
             yield up, providers

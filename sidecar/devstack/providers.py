@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.devstack import wire
+from sidecar.devstack import provider_wire
 
 log = logging.getLogger("sidecar.demo")
 
@@ -154,15 +154,17 @@ class ProviderServer:
         name, _, rest = request.path.lstrip("/").partition("/")
         provider = self.providers.get(name)
         if provider is None:
-            await _respond(writer, 404, wire.openai_error(404, f"no demo provider '{name}'"))
+            await _respond(writer, 404,
+                           provider_wire.openai_error(404, f"no demo provider '{name}'"))
             return True
         provider.received.append(request)
         endpoint = "/" + rest.split("?", 1)[0]
         anthropic = endpoint == "/v1/messages"
         if endpoint not in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
-            await _respond(writer, 404, wire.openai_error(404, f"unknown endpoint {endpoint}"))
+            await _respond(writer, 404,
+                           provider_wire.openai_error(404, f"unknown endpoint {endpoint}"))
             return True
-        error = wire.anthropic_error if anthropic else wire.openai_error
+        error = provider_wire.anthropic_error if anthropic else provider_wire.openai_error
         behaviour = provider.behaviour
         latency = behaviour.latency_s
         if latency and behaviour.latency_spread:
@@ -194,7 +196,7 @@ class ProviderServer:
             text = " ".join(["word"] * max(1, behaviour.reply_words(payload)))
         if behaviour.body_bytes:
             text = " ".join(["x" * _BIG_WORD] * max(1, behaviour.body_bytes // (_BIG_WORD + 1)))
-        completion = wire.make_completion(
+        completion = provider_wire.make_completion(
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
             provider.name, payload, len(request.body), text, behaviour.call_tools,
         )
@@ -202,23 +204,24 @@ class ProviderServer:
             if payload.get("stream") is True:
                 await _respond(writer, 400, error(400, "demo Responses API is unary only"))
             else:
-                await _respond(writer, 200, wire.responses_json(completion))
+                await _respond(writer, 200, provider_wire.responses_json(completion))
             return True
         rate = behaviour.tokens_per_s
         if payload.get("stream") is not True:
             if rate:
                 await asyncio.sleep(completion.completion_tokens / rate)
-            body = wire.anthropic_json(completion) if anthropic else wire.openai_json(completion)
+            body = (provider_wire.anthropic_json(completion) if anthropic
+                    else provider_wire.openai_json(completion))
             if behaviour.invalid_chunked or behaviour.reset_mid_body:
                 await _broken(writer, body, chunked=behaviour.invalid_chunked)
                 return False
             await _respond(writer, 200, body, chunked=behaviour.chunked_json)
             return True
         if anthropic:
-            events = wire.anthropic_events(completion)
+            events = provider_wire.anthropic_events(completion)
         else:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            events = wire.openai_events(completion, include_usage)
+            events = provider_wire.openai_events(completion, include_usage)
         try:
             await _stream(writer, events, 1 / rate if rate else behaviour.inter_event_delay_s,
                           behaviour.fail_after_events)

@@ -27,12 +27,14 @@ from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.envoy_config.credentials import write_sds_files
-from sidecar.envoy_config.render import render_envoy_yaml
+from sidecar.envoy_config.render import bootstrap_yaml, rendered_document
+from sidecar.envoy_config.xds_files import XdsFiles, dynamic_bootstrap, wait_for_clusters
 from sidecar.gateway import Runtime, StartupError
 from sidecar.gateway.runtime import provider_key_problems
 from sidecar.grpcwire.auth import new_channel_token
-from sidecar.service import start_sidecar
-from sidecar.signals import until_stop_signal
+from sidecar.operations.assembly import start_sidecar
+from sidecar.operations.posix_signals import ignore_sighup, until_stop_signal
+from sidecar.operations.reload import enable_reload
 
 _PR_SET_PDEATHSIG = 1
 log = logging.getLogger("sidecar.up")
@@ -171,7 +173,17 @@ async def run_stack(options: StackOptions) -> int:
     addresses = dataclasses.replace(options.addresses, secrets_dir=str(secrets_dir))
     channel_token = new_channel_token()
     envoy_file = workdir / "envoy.yaml"
-    envoy_file.write_text(render_envoy_yaml(config, addresses, channel_token))
+    # Target clusters and the listener come from watched files, so a reload reaches Envoy
+    # without a restart (envoy_config/xds_files.py).
+    xds = XdsFiles(workdir / "xds")
+    document = rendered_document(config, addresses, channel_token)
+    xds.publish(document)
+    envoy_file.write_text(bootstrap_yaml(dynamic_bootstrap(document, xds.directory)))
+
+    async def envoy_follows(new: SidecarConfig) -> str | None:
+        write_sds_files(new, secrets_dir)
+        names = xds.publish(rendered_document(new, addresses, channel_token))
+        return await wait_for_clusters(options.addresses.admin, names)
     # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
     envoy = start_envoy(envoy_file, options.envoy_log_level)
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
@@ -182,6 +194,11 @@ async def run_stack(options: StackOptions) -> int:
                                       channel_token=channel_token,
                                       grpc_server=options.grpc_server,
                                       admin_token=options.admin_token)
+        if options.config_path is not None:
+            reloader = enable_reload(sidecar, Path(options.config_path))
+            reloader.before_swap.append(envoy_follows)
+        else:
+            ignore_sighup("the demo configuration has no file to reload")
         ready = asyncio.ensure_future(
             wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s))
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)

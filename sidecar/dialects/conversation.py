@@ -27,7 +27,7 @@ import hashlib
 import json
 from typing import Any
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 
 _SYSTEM_ROLES = ("system", "developer")
 

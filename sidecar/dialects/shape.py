@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.request import Reasoning, RequestSummary
 
 _IMAGE_PARTS = {"image_url", "image", "input_image"}

@@ -39,8 +39,8 @@ from envoy_data_plane.xds.type.matcher.v3 import (
     StringMatcher,
 )
 
-from sidecar.apis import Dialect
 from sidecar.config.models import Provider, SidecarConfig, Target
+from sidecar.dialects.apis import Dialect
 from sidecar.envoy_config.matchers import (
     negated,
     request_header,

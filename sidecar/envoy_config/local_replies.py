@@ -40,7 +40,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 )
 from envoy_data_plane.google.protobuf import Any, Struct
 
-from sidecar.apis import CALLER_PATHS
+from sidecar.dialects.apis import CALLER_PATHS
 from sidecar.envoy_contract import SIDECAR_REPLY_DETAILS
 
 SIDECAR_UNAVAILABLE = "The routing sidecar is unavailable or too slow; try again shortly."

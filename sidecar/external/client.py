@@ -119,6 +119,9 @@ class ExternalCalls:
             self._groups[name] = _Group(policy, QueryBuilder(group), ranker)
         self.outcomes: Counter[tuple[str, str]] = Counter()
 
+    def __contains__(self, group: str) -> bool:
+        return group in self._groups
+
     def builder(self, group: str) -> QueryBuilder:
         return self._groups[group].build
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.apis import DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.bridge import UnreadableAnswer, Untranslatable, chat_to_responses
 from sidecar.bridge.registry import Translator
 from sidecar.bridge.streams import chat_sse, messages_sse, responses_sse
+from sidecar.dialects.apis import DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.dialects.errors import ClientError
 from sidecar.envoy_contract import CACHE_HEADER
 from sidecar.gateway.runtime import BridgeRoute

@@ -11,12 +11,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from sidecar.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.keys import cache_directives
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
+from sidecar.dialects.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.dialects.body import BodyError, ParsedBody, parse_body
 from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
@@ -64,6 +64,8 @@ MAX_RETRIES_HEADER = "x-envoy-max-retries"
 # Request fields that name state stored at the provider (OpenAI Responses).
 _PROVIDER_STATE_KEYS = ("previous_response_id", "conversation")
 _MODELS_PATH = "/v1/models"
+# Configurations before the current one whose clusters a retry may still name.
+RETIRED_KEPT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,9 @@ class Pending:
     # The caller's cache-control, for groups with a response cache (cache/keys.py).
     cache_lookup: bool = True
     cache_store: bool = True
+    # The configuration the request started with: a reload meanwhile does not change its
+    # routing (operations/reload.py).
+    runtime: Runtime | None = None
 
 
 class Gateway:
@@ -105,6 +110,7 @@ class Gateway:
         self.caches = caches
         # Caller quotas (docs/quotas.md); None when no caller has any.
         self.quotas = quotas
+        self._retired: tuple[Runtime, ...] = ()
         self._observations = observations
         self._log_decisions = log_decisions
         self._telemetry = telemetry
@@ -112,6 +118,20 @@ class Gateway:
         self.sessions = SessionStore(sessions.ttl_seconds, sessions.max_entries)
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
         self.retry_credentials_received = 0
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    def swap(self, runtime: Runtime, external: ExternalCalls | None,
+             caches: ResponseCaches | None) -> None:
+        """A reloaded configuration (operations/reload.py): requests from now on use it;
+        requests already under way keep theirs (`Pending.runtime`), and their retries still
+        find the clusters they were given (the last RETIRED_KEPT configurations)."""
+        self._retired = (self._runtime, *self._retired)[:RETIRED_KEPT]
+        self._runtime = runtime
+        self.external = external
+        self.caches = caches
 
     @property
     def forwarded_headers(self) -> frozenset[str]:
@@ -158,11 +178,13 @@ class Gateway:
         lookup, store = cache_directives(control) if control else (True, True)
         return Pending(caller, dialect, "anthropic-version" in headers,
                        SESSION_HEADER in headers, headers.get("x-request-id", ""),
-                       headers.get("traceparent", ""), session_id, lookup, store)
+                       headers.get("traceparent", ""), session_id, lookup, store,
+                       self._runtime)
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask:
+        runtime = pending.runtime or self._runtime
         anthropic = pending.dialect.is_anthropic
-        limit = self._runtime.config.limits.max_request_body_bytes
+        limit = runtime.config.limits.max_request_body_bytes
         if len(body) > limit:  # Envoy's buffer enforces only limits above its 1 MiB default
             return _error(ClientError(413, f"Request body is larger than {limit} bytes"),
                           anthropic)
@@ -178,22 +200,22 @@ class Gateway:
                             param="model"),
                 anthropic,
             )
-        if model not in self._runtime.config.models or not pending.caller.may_use(model):
+        if model not in runtime.config.models or not pending.caller.may_use(model):
             return _error(errors.model_not_found(model), anthropic)
 
         if self.quotas is not None:
             refusal = self.quotas.admit(pending.caller.name, model, pending.request_id)
             if refusal is not None:
                 return self._refused(pending, model, refusal)
-        group = self._runtime.config.models[model]
+        group = runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
-        refusal = (bridge_refusal(self._runtime.bridge_translators.get((model, pending.dialect)),
+        refusal = (bridge_refusal(runtime.bridge_translators.get((model, pending.dialect)),
                                   payload) if group.bridges else None)
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
                                 _conversation_key(pending, model, group, payload), refusal)
         session = (bool(pending.session_id) and pending.dialect is Dialect.OPENAI_CHAT
-                   and model in self._runtime.session_routes)
+                   and model in runtime.session_routes)
         if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
             summary = replace(summary, dialect=Dialect.OPENAI_RESPONSES)
         cache: CacheVisit | None = None
@@ -201,8 +223,9 @@ class Gateway:
             cache = self._cache_visit(pending, model, summary, payload, session)
             if isinstance(cache, Reply):
                 return cache
-        if group.strategy == "external" and self.external is not None:
-            candidates = self._runtime.router.external_candidates(summary)
+        if group.strategy == "external" and self.external is not None and (
+                model in self.external):
+            candidates = runtime.router.external_candidates(summary)
             if candidates:  # none: `_decided` answers the 400 at once
                 query = self.external.builder(model)(summary, candidates, self._observations)
                 return Ask(model, query, lambda answer: self._decided(
@@ -249,9 +272,10 @@ class Gateway:
     def _decided(self, pending: Pending, model: str, group: ModelGroup, parsed: ParsedBody,
                  summary: RequestSummary, session: bool, external: ExternalAnswer | None,
                  cache: CacheVisit | None) -> Reply | Forward:
+        runtime = pending.runtime or self._runtime
         anthropic = pending.dialect.is_anthropic
         payload = parsed.payload
-        decision = self._runtime.router.decide(summary, self._observations, external)
+        decision = runtime.router.decide(summary, self._observations, external)
         if self.external is not None and decision.trace.external is not None:
             self.external.outcomes[(model, decision.trace.external)] += 1
         if self._log_decisions:
@@ -265,13 +289,13 @@ class Gateway:
 
         if session:
             return self._session_forward(pending, model, parsed, decision)
-        routes = self._runtime.routes
+        routes = runtime.routes
         # A Responses request that continues a stored response or conversation lives at one
         # provider: another target has no such id, so it gets no fallback.
         stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
         allowed = 1 if stateful else group.fallback.max_attempts
         slot = cache.slot if cache is not None else None
-        cache_routes = self._runtime.cache_routes if slot else {}
+        cache_routes = runtime.cache_routes if slot else {}
         chosen = [cache_routes.get((model, choice.index, pending.dialect))
                   or routes[(model, choice.index, pending.dialect)]
                   for choice in decision.ordered[:allowed]]
@@ -283,7 +307,7 @@ class Gateway:
             ("content-length", str(body_size(new_body))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
-            *self._runtime.attempt_headers[model],
+            *runtime.attempt_headers[model],
         ]
         if anthropic and not pending.has_anthropic_version:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
@@ -301,16 +325,21 @@ class Gateway:
             _limited.warning("retry_credentials", "a retry's headers carried a credential "
                              "header; Envoy's bootstrap should withhold them")
         path = headers.get(":path", "")
-        try:
-            return attempt_route(self._runtime, cluster, path, headers.get(CALLER_API_HEADER))
-        except RetargetError as exc:
-            return _retry_refused(exc, path)
+        refused = RetargetError("no such cluster")
+        # A request that started before a reload retries on the clusters it was given.
+        for runtime in (self._runtime, *self._retired):
+            try:
+                return attempt_route(runtime, cluster, path, headers.get(CALLER_API_HEADER))
+            except RetargetError as exc:
+                refused = exc
+        return _retry_refused(refused, path)
 
     def _session_forward(self, pending: Pending, model: str, parsed: ParsedBody,
                          decision: Decision) -> Reply | Forward:
         """A Chat caller's stateful session: one target for its lifetime, one attempt per
         turn (the provider holds the state), the previous response threaded in upstream."""
-        routes = self._runtime.session_routes[model]
+        runtime = pending.runtime or self._runtime
+        routes = runtime.session_routes[model]
         key = session_key(pending.caller.name, model, pending.session_id)
         eligible = [choice.index for choice in decision.ordered]
         session = self.sessions.get(key)
@@ -333,14 +362,15 @@ class Gateway:
             (":path", route.path),
             ("content-length", str(body_size(new_body))),
             (MAX_RETRIES_HEADER, "0"),
-            *self._runtime.attempt_headers[model],
+            *runtime.attempt_headers[model],
             (SESSION_KEY_HEADER, key),
         )
         return Forward((route.cluster,), set_headers, (), new_body, decision)
 
     def bridge_attempt(self, cluster: str, headers: Mapping[str, str]) -> BridgeAttempt | None:
         """An attempt through a bridge cluster (every attempt asks, first ones included)."""
-        bridge = self._runtime.bridges.get(cluster)
+        bridge = next((runtime.bridges[cluster] for runtime in (self._runtime, *self._retired)
+                       if cluster in runtime.bridges), None)
         if bridge is None:
             return None
         if not self._runtime.credential_headers.isdisjoint(headers):

@@ -12,7 +12,7 @@ with the previous target's model.
 
 from __future__ import annotations
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.body import BodyError, parse_body
 from sidecar.gateway.outcome import Retarget, body_size
 from sidecar.gateway.runtime import Runtime, TargetRoute

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sidecar.apis import Dialect
 from sidecar.bridge.registry import Translator, processed_routes
 from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
+from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router

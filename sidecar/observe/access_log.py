@@ -204,6 +204,12 @@ class AccessLogReceiver:
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
 
+    def remap(self, targets: Mapping[str, str], groups: Mapping[str, str]) -> None:
+        """A reload's cluster names, added to the ones before: requests that started under
+        the previous configuration are still logged under its clusters."""
+        self._targets = {**self._targets, **targets}
+        self._groups = {**self._groups, **groups}
+
     def receive(self, message: als_pb2.StreamAccessLogsMessage, per_attempt: bool) -> None:
         for entry in message.http_logs.log_entry:
             try:

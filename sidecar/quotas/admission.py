@@ -40,6 +40,12 @@ class Quotas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
+    def reconfigure(self, config: SidecarConfig) -> None:
+        """A reload's limits and prices; counts so far stay (the Redis settings need a
+        restart)."""
+        self.counters.configure(config)
+        self.ledger.configure(config)
+
     def admit(self, caller: str, group: str, request_id: str) -> Refusal | None:
         if caller not in self.counters:
             return None

@@ -41,13 +41,17 @@ class Refusal:
 class QuotaCounters:
     def __init__(self, config: SidecarConfig,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self._quotas = {caller.name: caller.quotas for caller in config.callers
-                        if caller.quotas is not None}
-        self._slice_percent = config.quotas.slice_percent
+        self.configure(config)
         self._clock = wall_clock
         self.counters: dict[CounterKey, Counter] = {}
         # With a shared store that answers: a replica keeps within its slice.
         self.sliced = False
+
+    def configure(self, config: SidecarConfig) -> None:
+        """The limits (at start, and on a reload: what was counted stays)."""
+        self._quotas = {caller.name: caller.quotas for caller in config.callers
+                        if caller.quotas is not None}
+        self._slice_percent = config.quotas.slice_percent
 
     def __contains__(self, caller: str) -> bool:
         return caller in self._quotas

@@ -23,9 +23,7 @@ class QuotaLedger:
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._counters = counters
-        self._prices = {f"{t.provider}/{t.model_ref}": t.pricing
-                        for group in config.models.values() for t in group.targets
-                        if t.pricing}
+        self.configure(config)
         self._max_age = max_age_s
         self._max_pending = max_pending
         self._clock = clock
@@ -33,6 +31,11 @@ class QuotaLedger:
         # request id → (caller, group, wall-clock start, monotonic start)
         self._pending: OrderedDict[str, tuple[str, str, float, float]] = OrderedDict()
         self.unclaimed = 0
+
+    def configure(self, config: SidecarConfig) -> None:
+        self._prices = {f"{t.provider}/{t.model_ref}": t.pricing
+                        for group in config.models.values() for t in group.targets
+                        if t.pricing}
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -53,6 +53,16 @@ class AffinityStore:
             self._pins.popitem(last=False)
         self._pins[key] = (index, self._clock())
 
+    def adopt(self, previous: AffinityStore, index_map: dict[int, int]) -> None:
+        """A reload's carry-over: `previous`'s pins to targets that stayed the same
+        (old index → new index), oldest first, keeping their creation time (a reload does
+        not extend a TTL); pins to removed or changed targets are dropped."""
+        for key, (index, created) in previous._pins.items():
+            if index in index_map:
+                self._pins[key] = (index_map[index], created)
+        while len(self._pins) > self._max_entries:
+            self._pins.popitem(last=False)
+
     def digests(self) -> list[bytes]:
         """Oldest first (for tests and diagnostics; digests only)."""
         return list(self._pins)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.apis import Dialect
 from sidecar.config.models import Target
 from sidecar.config.policy import HardFilters
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.capabilities import (
     accepts_images,
     reasoning_support,

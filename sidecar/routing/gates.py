@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.apis import Dialect
 from sidecar.config.models import ModelGroup, Target
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.eligibility import BRIDGE_STAGE, CALLER_WORDS, Reach, Rule, active_rules

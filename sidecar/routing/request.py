@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 
 
 @dataclass(frozen=True, slots=True)

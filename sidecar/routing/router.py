@@ -71,6 +71,26 @@ class Router:
         trace = DecisionTrace(strategy="external", target_count=0)
         return passing_targets(request, self._gates[request.group], trace)
 
+    def carry_over(self, previous: Router) -> None:
+        """After a reload, keep what `previous` learned where it still holds: a group whose
+        configuration did not change keeps its whole state (rotation, pins, ejections); a
+        changed dynamic-score group keeps the pins to targets that did not change.
+        (Observations live in the store, keyed by target, and need nothing here.)"""
+        for name, group in self._config.models.items():
+            before = previous._config.models.get(name)
+            state = previous._strategies.get(name)
+            if before is None or state is None:
+                continue
+            if before == group:
+                self._strategies[name] = state
+                continue
+            fresh = self._strategies[name]
+            if (isinstance(fresh, DynamicScoreStrategy) and isinstance(state, DynamicScoreStrategy)
+                    and fresh.affinity is not None and state.affinity is not None):
+                same = {old: new for old, target in enumerate(before.targets)
+                        for new, other in enumerate(group.targets) if target == other}
+                fresh.affinity.adopt(state.affinity, same)
+
     def ejections(self, group: str) -> Ejections | None:
         """The group's ejection state, for diagnostics and tests."""
         strategy = self._strategies.get(group)

@@ -13,8 +13,8 @@ import asyncio
 import time
 from urllib.parse import parse_qs
 
+from sidecar.commands.report import filters_for, report_document
 from sidecar.config.models import Telemetry
-from sidecar.telemetry.cli import filters_for, report_document
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.reports import BY, KINDS
 

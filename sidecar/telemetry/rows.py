@@ -133,6 +133,11 @@ class RowBuilder:
     def __init__(self, prices: Mapping[str, Pricing]) -> None:
         self._prices = prices
 
+    def reprice(self, prices: Mapping[str, Pricing]) -> None:
+        """A reloaded configuration's prices (one reference swap: the writer thread reads
+        either the old or the new map, never a mix)."""
+        self._prices = prices
+
     def __call__(self, item: JoinedRequest | FallbackRow) -> RequestRow | FallbackRow:
         if isinstance(item, FallbackRow):
             return item

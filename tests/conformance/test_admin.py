@@ -1,5 +1,6 @@
-"""The admin endpoint (sidecar/admin.py) under slow peers: the request-head timeout is short,
-and `/healthz` is still answered when every connection slot is held by slow peers."""
+"""The admin endpoint (sidecar/operations/admin.py) under slow peers: the request-head
+timeout is short, and `/healthz` is still answered when every connection slot is held by
+slow peers."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import asyncio
 import socket
 import threading
 
-from sidecar import admin
-from sidecar.admin import AdminServer
 from sidecar.observe.store import ObservationStore
+from sidecar.operations import admin
+from sidecar.operations.admin import AdminServer
 
 
 def test_healthz_is_answered_while_slow_peers_hold_every_slot() -> None:

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from sidecar.devstack import wire
+from sidecar.devstack import provider_wire
 from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
@@ -247,10 +247,10 @@ def test_native_tool_call_streams_pass_through_byte_for_byte(stack, tools_on, di
     received = providers.provider(name).received[-1]
     first = json.loads(got.text.split("data: ", 1)[1].split("\n", 1)[0])
     request_id = first["id"] if dialect == "openai_chat" else first["message"]["id"]
-    completion = wire.make_completion(request_id, name, received.json(), len(received.body),
-                                      None, call_tools=True)
-    events = (wire.openai_events(completion, include_usage=False) if dialect == "openai_chat"
-              else wire.anthropic_events(completion))
+    completion = provider_wire.make_completion(request_id, name, received.json(),
+                                               len(received.body), None, call_tools=True)
+    events = (provider_wire.openai_events(completion, include_usage=False)
+              if dialect == "openai_chat" else provider_wire.anthropic_events(completion))
     assert got.content == b"".join(events)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sidecar.devstack.harness import UpProcess, keyed_stack
+from sidecar.devstack.harness import UpProcess, free_port, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
 from tests.unit.test_grafana_dashboard import (
     ENVOY_METRICS,
@@ -33,7 +33,12 @@ providers:
 callers: [{{name: team-a, token_sha256: {digest}}}]
 observations: {{flush_interval_ms: 50, refresh_ms: 10}}
 telemetry: {{sqlite_path: '{db}', replica: e2e}}
+# A Redis that is not there: the quota store's figures exist (and say so).
+quotas: {{redis_url: {{env: QUOTA_REDIS}}}}
 models:
+  cached:
+    targets: [{{provider: good, model_ref: good-model}}]
+    response_cache: {{}}
   chain:
     strategy: failover
     targets:
@@ -54,7 +59,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
             good=providers.base_url("good"), flaky=providers.base_url("flaky"),
             db=workdir / "telemetry.db", digest=hashlib.sha256(TOKEN.encode()).hexdigest()),
-            KEYS) as (up, providers):
+            KEYS, env={"QUOTA_REDIS": f"redis://127.0.0.1:{free_port()}/0"}
+            ) as (up, providers):
         url = up.base_url + "/v1/chat/completions"
         headers = {"authorization": f"Bearer {TOKEN}"}
         body = {"model": "chain", "messages": [{"role": "user", "content": "dashboard"}]}

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sidecar.apis import Dialect
 from sidecar.config import load_config_text
+from sidecar.dialects.apis import Dialect
 from sidecar.gateway import Forward, Gateway, Pending, Reply, Runtime, StartupError
 
 TOKEN = "tok-123"
@@ -120,8 +120,8 @@ def test_lone_surrogate_is_forwarded_untouched_and_bad_json_is_400(gateway: Gate
 
 
 def test_explicit_authorization_header_still_gets_the_bearer_prefix() -> None:
-    from sidecar.apis import Dialect
     from sidecar.config.models import Credential
+    from sidecar.dialects.apis import Dialect
     from sidecar.header_policy import credential_header
 
     assert credential_header(Credential(env="K", header="authorization"),

@@ -8,8 +8,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.apis import Dialect
 from sidecar.config import load_config_text
+from sidecar.dialects.apis import Dialect
 from sidecar.gateway import Forward, Gateway, Pending, Reply, Runtime
 
 TOKEN = "fuzz"

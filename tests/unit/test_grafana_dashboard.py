@@ -20,7 +20,7 @@ from sidecar.envoy_contract import target_cluster_name
 REPO = Path(__file__).parent.parent.parent
 DASHBOARD = REPO / "deploy" / "grafana" / "sidecar-dashboard.json"
 ROWS = ["Traffic & decisions", "Fallbacks & affinity", "Target observations", "Envoy clusters",
-        "Sidecar health"]
+        "Sidecar health", "Guards & reloads"]
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # Names seen in Envoy 1.40's /stats/prometheus in front of the sidecar, after a routed request
@@ -123,21 +123,32 @@ def sidecar_families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]
     every counter and gauge is there), on ephemeral loopback ports."""
     # Here, not at the top: the e2e test imports this module's helpers.
     from sidecar.config import load_config_text
+    from sidecar.devstack.harness import free_port
     from sidecar.gateway import Runtime
-    from sidecar.service import start_sidecar
+    from sidecar.operations.assembly import start_sidecar
+    from sidecar.operations.reload import enable_reload
 
-    db = tmp_path_factory.mktemp("grafana") / "telemetry.db"
-    config = load_config_text(f"""
+    workdir = tmp_path_factory.mktemp("grafana")
+    db = workdir / "telemetry.db"
+    # A group with a response cache, quotas shared through a Redis that is not there (its
+    # rounds fail: the figures exist) and a configuration file that can be reloaded.
+    url_file = workdir / "redis-url"
+    url_file.write_text(f"redis://127.0.0.1:{free_port()}/0")
+    path = workdir / "config.yaml"
+    path.write_text(f"""
 providers:
   p: {{base_url: "http://127.0.0.1:9/v1"}}
 models:
-  g: {{targets: [{{provider: p, model_ref: m}}]}}
+  g: {{targets: [{{provider: p, model_ref: m}}], response_cache: {{}}}}
 telemetry: {{sqlite_path: '{db}'}}
+quotas: {{redis_url: {{file: '{url_file}'}}}}
 """)
+    config = load_config_text(path.read_text())
 
     async def scrape() -> str:
         sidecar = await start_sidecar(config, Runtime(config, {}), "127.0.0.1:0",
                                       "127.0.0.1:0")
+        enable_reload(sidecar, path, watch_interval_s=None)
         try:
             url = f"http://127.0.0.1:{sidecar.admin.port}/metrics"
 

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 
-from sidecar.log_format import JsonFormatter
+from sidecar.operations.log_format import JsonFormatter
 
 
 def record(message: str, *args: object, exc: bool = False) -> logging.LogRecord:
@@ -36,7 +36,7 @@ def test_json_messages_become_events_and_exceptions_are_kept() -> None:
 
 
 def test_configure_makes_every_line_json_and_every_command_has_the_flag() -> None:
-    code = ("import logging, sys; from sidecar.log_format import configure; "
+    code = ("import logging, sys; from sidecar.operations.log_format import configure; "
             "configure('info', 'json'); logging.getLogger('sidecar.x').info('hello %s', 'you')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sidecar.process import keep_large_buffers_in_heap
+from sidecar.operations.process import keep_large_buffers_in_heap
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",

@@ -9,14 +9,7 @@ import pytest
 from sidecar.bridge import Untranslatable
 from sidecar.bridge.chat_to_responses import request, response, response_id
 from sidecar.gateway.sessions import SessionStore, session_key, valid_session_id
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 def test_keys_isolate_callers_and_groups_and_hold_no_caller_text() -> None:
@@ -28,7 +21,7 @@ def test_keys_isolate_callers_and_groups_and_hold_no_caller_text() -> None:
 
 
 def test_ttl_counts_from_the_last_turn_and_size_evicts_the_least_recent() -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = SessionStore(ttl_seconds=10, max_entries=2, clock=clock)
     store.pin("a", 1)
     clock.now = 8

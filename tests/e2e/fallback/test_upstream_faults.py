@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from sidecar.devstack import wire
+from sidecar.devstack import provider_wire
 from sidecar.devstack.providers import Behaviour
 from tests.e2e.fallback.conftest import KEYS, TOKEN, Stack, ask, assert_served_by
 
@@ -144,8 +144,10 @@ def test_a_stream_is_cut_at_its_deadline(fresh: Stack) -> None:
 
 OPENAI_STREAM_HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":[]}\n\n'
 NOT_COMPLETIONS = {
-    "openai error object": ("a1", Behaviour(raw_body=wire.openai_error(500, "overloaded"))),
-    "anthropic error object": ("c1", Behaviour(raw_body=wire.anthropic_error(529, "busy"))),
+    "openai error object": ("a1", Behaviour(
+        raw_body=provider_wire.openai_error(500, "overloaded"))),
+    "anthropic error object": ("c1", Behaviour(
+        raw_body=provider_wire.anthropic_error(529, "busy"))),
     "html": ("a1", Behaviour(raw_body=b"<html><body>502 Bad Gateway</body></html>",
                              content_type="text/html; charset=utf-8")),
     "html labelled json": ("a1", Behaviour(raw_body=b"<html>Service Unavailable</html>")),
@@ -157,10 +159,10 @@ NOT_COMPLETIONS = {
     "garbage sse": ("a1", Behaviour(raw_body=b"data: <html>oops</html>\n\ndata: [DONE]\n\n",
                                     content_type="text/event-stream")),
     "openai error event": ("a1", Behaviour(
-        raw_body=OPENAI_STREAM_HEAD + b"data: " + wire.openai_error(500, "x") + b"\n\n",
+        raw_body=OPENAI_STREAM_HEAD + b"data: " + provider_wire.openai_error(500, "x") + b"\n\n",
         content_type="text/event-stream")),
     "anthropic error event": ("c1", Behaviour(
-        raw_body=b"event: error\ndata: " + wire.anthropic_error(529, "busy") + b"\n\n",
+        raw_body=b"event: error\ndata: " + provider_wire.anthropic_error(529, "busy") + b"\n\n",
         content_type="text/event-stream; charset=utf-8")),
 }
 

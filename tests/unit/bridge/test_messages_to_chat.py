@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from sidecar.apis import Dialect
 from sidecar.bridge import UnreadableAnswer, Untranslatable
 from sidecar.bridge.errors import CREDENTIALS_REJECTED, translated_error
 from sidecar.bridge.messages_to_chat import request, response
 from sidecar.bridge.registry import bridged_pairs, translator_for
+from sidecar.dialects.apis import Dialect
 
 CLAUDE_AGENT = {
     "model": "agent-group",

@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import openai
 import pytest
 
-from sidecar.apis import Dialect
 from sidecar.bridge import Untranslatable
 from sidecar.bridge.registry import translator_for
 from sidecar.bridge.responses_to_chat import output_text, request, response
 from sidecar.bridge.streams import responses_sse
+from sidecar.dialects.apis import Dialect
 
 AGENT = {
     "model": "agent-group",

@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.apis import Dialect
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.keys import cache_directives, cache_key
 from sidecar.cache.slots import Slots
 from sidecar.cache.store import AnswerStore
 from sidecar.config.strategy_policies import ResponseCache
+from sidecar.dialects.apis import Dialect
+from tests.clock import ManualClock
 from tests.unit.routing.helpers import config
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_ttl_runs_from_the_store_and_hits_do_not_extend_it() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = AnswerStore(ResponseCache(ttl_seconds=10), clock)
     store.put(b"k", b"answer", "application/json")
     clock.now += 9.9
@@ -36,7 +29,7 @@ def test_ttl_runs_from_the_store_and_hits_do_not_extend_it() -> None:
 
 def test_bounds_evict_the_least_recently_used() -> None:
     store = AnswerStore(ResponseCache(max_entries=2, max_bytes=2048, max_entry_bytes=1024),
-                        Clock())
+                        ManualClock(1000.0))
     store.put(b"a", b"1", "t")
     store.put(b"b", b"2", "t")
     store.get(b"a")  # b is now the least recently used
@@ -90,7 +83,7 @@ def test_cache_control(header, expected) -> None:
 
 
 def test_slots_are_taken_once_bounded_and_expire() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     slots = Slots(max_slots=2, max_age_s=30, clock=clock)
     first = slots.reserve("g", b"k1")
     assert slots.take(first) == ("g", b"k1") and slots.take(first) is None
@@ -102,7 +95,7 @@ def test_slots_are_taken_once_bounded_and_expire() -> None:
 
 def test_an_answer_is_stored_under_its_slot_once() -> None:
     cfg = config("  g:\n    targets: [{provider: p, model_ref: m}]\n    response_cache: {}\n")
-    caches = ResponseCaches(cfg, 60.0, Clock())
+    caches = ResponseCaches(cfg, 60.0, ManualClock(1000.0))
     key = caches.key("g", "a", Dialect.OPENAI_CHAT, {"model": "g"})
     slot = caches.slots.reserve("g", key)
     assert caches.store(slot, b"{}", "application/json")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.conversation import conversation_key
 
 CHAT, MESSAGES, RESPONSES = (Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.shape import request_shape
 from sidecar.routing.request import Reasoning
 

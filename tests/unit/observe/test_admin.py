@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from sidecar.admin import AdminServer
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
+from sidecar.operations.admin import AdminServer
 
 
 async def ask(raw: bytes) -> bytes:

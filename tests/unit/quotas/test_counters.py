@@ -10,6 +10,7 @@ from sidecar.config import ConfigError
 from sidecar.quotas.counters import QuotaCounters, Refusal
 from sidecar.quotas.ledger import QuotaLedger
 from sidecar.telemetry.rows import RequestResult
+from tests.clock import ManualClock
 from tests.unit.routing.helpers import config
 
 MIDNIGHT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -33,16 +34,8 @@ GROUPS = """
 """
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def counters(at: float = MIDNIGHT + 30) -> tuple[QuotaCounters, Clock]:
-    clock = Clock(at)
+def counters(at: float = MIDNIGHT + 30) -> tuple[QuotaCounters, ManualClock]:
+    clock = ManualClock(at)
     return QuotaCounters(config(GROUPS + CALLERS), clock), clock
 
 
@@ -80,7 +73,7 @@ def test_tokens_and_spend_per_day_count_when_used() -> None:
 
 def test_a_shared_replica_keeps_within_its_slice() -> None:
     cfg = config(GROUPS + CALLERS.replace("requests_per_minute: 3", "requests_per_minute: 40"))
-    quotas = QuotaCounters(cfg, Clock(MIDNIGHT))
+    quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
     quotas.sliced = True  # Redis answered: slice = 10 % of 40 = 4 past the last total
     assert [quotas.admit("team", "basic") for _ in range(4)] == [None] * 4
     assert quotas.admit("team", "basic") == Refusal("caller_requests_per_minute", 1)
@@ -90,9 +83,9 @@ def test_a_shared_replica_keeps_within_its_slice() -> None:
 
 def test_the_ledger_counts_tokens_and_cost_of_admitted_requests() -> None:
     cfg = config(GROUPS + CALLERS)
-    quotas = QuotaCounters(cfg, Clock(MIDNIGHT))
-    ledger = QuotaLedger(cfg, quotas, max_age_s=60, max_pending=2, clock=Clock(0.0),
-                         wall_clock=Clock(MIDNIGHT))
+    quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
+    ledger = QuotaLedger(cfg, quotas, max_age_s=60, max_pending=2, clock=ManualClock(0.0),
+                         wall_clock=ManualClock(MIDNIGHT))
     ledger.admitted("r1", "team", "basic")
     ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok", 10.0, 5.0, 1000, 250, None))
     ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok", 10.0, 5.0, 1000, 250, None))

@@ -9,8 +9,9 @@ import asyncio
 
 from sidecar.quotas.counters import QuotaCounters
 from sidecar.quotas.shared import RedisReconciler
+from tests.clock import ManualClock
 from tests.redis_server import RedisServer
-from tests.unit.quotas.test_counters import CALLERS, GROUPS, MIDNIGHT, Clock
+from tests.unit.quotas.test_counters import CALLERS, GROUPS, MIDNIGHT
 from tests.unit.routing.helpers import config
 
 LIMIT = 50
@@ -22,7 +23,7 @@ def replicas(redis: RedisServer, count: int = 2) -> list[tuple[QuotaCounters, Re
                                           f"requests_per_minute: {LIMIT}"))
     made = []
     for _ in range(count):
-        counters = QuotaCounters(cfg, Clock(MIDNIGHT + 5))
+        counters = QuotaCounters(cfg, ManualClock(MIDNIGHT + 5))
         made.append((counters, RedisReconciler(counters, cfg.quotas, redis.url)))
     return made
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sidecar.apis import Dialect
 from sidecar.config import SidecarConfig, load_config_text
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import ObservationSnapshot, TargetObservations
 from sidecar.routing.request import RequestSummary

@@ -5,23 +5,16 @@ from __future__ import annotations
 import pickle
 from dataclasses import replace
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.conversation import conversation_key
 from sidecar.routing.affinity import AffinityStore
 from sidecar.routing.router import Router
+from tests.clock import ManualClock
 from tests.unit.routing.helpers import config, request, snapshot, warm
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_ttl_expires_at_exactly_ttl_seconds_and_hits_do_not_extend_it() -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = AffinityStore(ttl_seconds=600, max_entries=10, clock=clock)
     store.pin(b"k", 1)
     for now in (0, 100, 599.999):
@@ -35,7 +28,7 @@ def test_ttl_expires_at_exactly_ttl_seconds_and_hits_do_not_extend_it() -> None:
 
 
 def test_capacity_evicts_the_oldest_created_even_if_it_is_hit_most() -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = AffinityStore(ttl_seconds=600, max_entries=3, clock=clock)
     for key in (b"a", b"b", b"c"):
         store.pin(key, 0)
@@ -49,7 +42,7 @@ def test_capacity_evicts_the_oldest_created_even_if_it_is_hit_most() -> None:
 
 
 def test_a_hundred_thousand_conversations_keep_exactly_max_entries() -> None:
-    store = AffinityStore(ttl_seconds=600, max_entries=10_000, clock=Clock())
+    store = AffinityStore(ttl_seconds=600, max_entries=10_000, clock=ManualClock())
     for i in range(100_000):
         store.pin(i.to_bytes(32, "big"), i % 3)
     assert len(store) == 10_000
@@ -83,7 +76,7 @@ def conversation(text: str = "Fix my bug", caller: str = "alice",
 
 
 def test_turns_of_a_conversation_stay_on_the_first_selected_target() -> None:
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     first = router.decide(conversation())
     assert first.trace.affinity == "miss_created"
     later = [router.decide(conversation()) for _ in range(20)]
@@ -96,7 +89,7 @@ def test_turns_of_a_conversation_stay_on_the_first_selected_target() -> None:
 
 
 def test_callers_and_dialects_are_isolated() -> None:
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     alice = router.decide(conversation(caller="alice"))
     bob = router.decide(conversation(caller="bob"))
     assert bob.trace.affinity == "miss_created" and alice.trace.affinity == "miss_created"
@@ -105,7 +98,7 @@ def test_callers_and_dialects_are_isolated() -> None:
 
 
 def test_expired_pin_is_reselected_and_replaced_with_a_new_ttl() -> None:
-    clock = Clock()
+    clock = ManualClock()
     router = Router(config(GROUP), clock=clock)
     router.decide(conversation())
     clock.now = 600
@@ -128,7 +121,7 @@ def test_current_eligibility_wins_for_tools_modality_api_shape_and_spend() -> No
         "spend_ceiling": {"spend_ceiling_usd": 0.01},
     }
     for name, shape in changes.items():
-        router = Router(config(GROUP), clock=Clock())
+        router = Router(config(GROUP), clock=ManualClock())
         key = conversation().conversation_key
         router.affinity_store("g").pin(key, 3)
         assert pinned_target(router) == "plain", name
@@ -139,7 +132,7 @@ def test_current_eligibility_wins_for_tools_modality_api_shape_and_spend() -> No
 
 
 def test_health_threshold_moves_a_pinned_conversation() -> None:
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     first = router.decide(conversation())
     label = first.primary.label.replace("/", "__")
     sick = router.decide(conversation(), snapshot(**{label: warm(error_rate=0.5)}))
@@ -150,7 +143,7 @@ def test_health_threshold_moves_a_pinned_conversation() -> None:
 def test_no_repin_after_a_successful_fallback() -> None:
     """The pin is the primary chosen before any upstream result: a fallback serving the
     request (even observed as such) does not move the conversation."""
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     first = router.decide(conversation())
     label = first.primary.label.replace("/", "__")
     fell_back = snapshot(**{label: warm(count=5, fallback_rate=1.0)})  # primary failed over
@@ -160,15 +153,15 @@ def test_no_repin_after_a_successful_fallback() -> None:
 
 def test_affinity_disabled_and_not_applicable() -> None:
     router = Router(config(GROUP.replace("affinity: {ttl_seconds: 600, max_entries: 100}",
-                                         "affinity: {enabled: false}")), clock=Clock())
+                                         "affinity: {enabled: false}")), clock=ManualClock())
     assert router.decide(conversation()).trace.affinity == "disabled"
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     assert router.decide(request()).trace.affinity == "not_applicable"   # no conversation
 
 
 def test_the_store_keeps_no_raw_text() -> None:
     canary = "CANARY-7c1e-do-not-retain"
-    router = Router(config(GROUP), clock=Clock())
+    router = Router(config(GROUP), clock=ManualClock())
     for i in range(5):
         router.decide(conversation(f"{canary} {i}"))
     store = router.affinity_store("g")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.request import Reasoning
 from tests.unit.routing.helpers import config, decide, excluded, refuse, request
 

@@ -7,9 +7,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.apis import Dialect
 from sidecar.config import load_config_text
 from sidecar.config.loading import load_config_data
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import Decision
 from sidecar.routing.eligibility import PAIRS, Reach

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sidecar.apis import Dialect
+from sidecar.dialects.apis import Dialect
 from sidecar.routing.router import Router
 from tests.unit.routing.helpers import config, decide, excluded, refuse, request
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.admin import AdminServer, check_exposure, is_loopback
 from sidecar.config.models import Telemetry
 from sidecar.observe.store import ObservationStore
+from sidecar.operations.admin import AdminServer, check_exposure, is_loopback
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import SQLiteDatabase
 from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row

@@ -10,11 +10,11 @@ import json
 import time
 from typing import Any
 
+from sidecar.commands.text_table import format_table
 from sidecar.config.models import Telemetry
 from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import Filters, parse_since, report
 from sidecar.telemetry.store import TelemetryStore
-from sidecar.text_table import format_table
 
 
 def filters_for(since: str, until: str | None, group: str | None, caller: str | None,

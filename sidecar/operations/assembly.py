@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sidecar.admin import AdminServer, check_exposure
 from sidecar.cache.caches import ResponseCaches, cached_groups
 from sidecar.cache.metrics import add_cache_metrics
 from sidecar.config.models import SidecarConfig
@@ -22,8 +21,10 @@ from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver, FanOut
 from sidecar.observe.store import ObservationStore
-from sidecar.quotas.admission import Quotas, has_quotas
+from sidecar.operations.admin import AdminServer, check_exposure
+from sidecar.quotas.admission import Quotas
 from sidecar.quotas.metrics import add_quota_metrics
+from sidecar.routing.router import Router
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.join import Joiner
@@ -33,8 +34,13 @@ from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.traces import RequestSpans
 from sidecar.telemetry.writer import TelemetryWriter
 
+# How long a replaced external routing client stays open for calls already waiting (the
+# deadline of any call is below Envoy's message timeout, at most 60 s).
+RETIRE_AFTER_S = 60.0
+
 if TYPE_CHECKING:
     from sidecar.extproc.grpcio_server import GrpcioServer
+    from sidecar.operations.reload import Reloader
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Telemetry:
     joiner: Joiner
     metrics: Metrics
     writer: TelemetryWriter
+    build: RowBuilder
     spans: RequestSpans | None = None
     sweeper: asyncio.Task[None] | None = None
 
@@ -74,19 +81,38 @@ class RunningSidecar:
     server: GrpcServer | GrpcioServer
     admin: AdminServer
     store: ObservationStore
+    gateway: Gateway
+    receiver: AccessLogReceiver | None
+    quotas: Quotas
+    max_request_s: float
+    metrics: Metrics
     telemetry: Telemetry | None = field(default=None)
-    external: ExternalCalls | None = field(default=None)
-    quotas: Quotas | None = field(default=None)
+    reloader: Reloader | None = field(default=None)
+    # External routing clients a reload replaced: closed once their calls are done.
+    _retired: list[ExternalCalls] = field(default_factory=list)
+
+    def retire(self, external: ExternalCalls) -> None:
+        """Close `external` after the longest a call of it can still wait."""
+        self._retired.append(external)
+        loop = asyncio.get_running_loop()
+        loop.call_later(RETIRE_AFTER_S, lambda: loop.create_task(self._close(external)))
+
+    async def _close(self, external: ExternalCalls) -> None:
+        if external in self._retired:
+            self._retired.remove(external)
+            await external.close()
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self.reloader is not None and self.reloader.watcher is not None:
+            self.reloader.watcher.cancel()
         await self.admin.stop()
         await self.server.stop(grace=grace)
-        if self.quotas is not None:
-            await self.quotas.stop()
+        await self.quotas.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
-        if self.external is not None:
-            await self.external.close()
+        for external in [self.gateway.external, *self._retired]:
+            if external is not None:
+                await external.close()
 
 
 def observation_store(config: SidecarConfig) -> ObservationStore:
@@ -125,7 +151,7 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
 
     joiner = Joiner(emit, max_pending=settings.max_pending,
                     max_age_s=longest_request_s(config))
-    return Telemetry(joiner, metrics, writer, spans)
+    return Telemetry(joiner, metrics, writer, build, spans)
 
 
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
@@ -150,13 +176,15 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                 if any(g.strategy == "external" for g in config.models.values()) else None)
     caches = (ResponseCaches(config, longest_request_s(config))
               if cached_groups(config) else None)
-    quotas = Quotas(config, longest_request_s(config)) if has_quotas(config) else None
+    # Always there (a reload may give a caller quotas); a caller without any costs one
+    # dictionary lookup.
+    quotas = Quotas(config, longest_request_s(config))
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
                       telemetry=joiner, external=external, caches=caches, quotas=quotas)
-    sinks = [sink for sink in (joiner, quotas.ledger if quotas else None) if sink is not None]
+    sinks = [sink for sink in (joiner, quotas.ledger) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
-                                  telemetry=FanOut(sinks) if sinks else None)
+                                  telemetry=FanOut(sinks))
                 if enabled else None)
     processor = ExternalProcessor(gateway)
     auth = ChannelAuth(channel_token) if channel_token is not None else None
@@ -173,22 +201,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                                 for name, value in server.counters.as_dict().items()})
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
     metrics.add_handling_times(processor.handling)
-    router = runtime.router
-    metrics.add_group_gauge("affinity_pins", "conversation pins held", lambda: {
-        group: float(len(pins)) for group in config.models
-        if (pins := router.affinity_store(group)) is not None})
-    metrics.add_group_gauge("ejected_targets", "targets ejected or probing", lambda: {
-        group: float(state.ejected_count()) for group in config.models
-        if (state := router.ejections(group)) is not None})
-    if external is not None:
-        metrics.add_counter("external_decisions", "decisions of strategy: external groups by "
-                            "how the routing service's answer was used", ("group", "outcome"),
-                            lambda: dict(external.outcomes))
-    if caches is not None:
-        add_cache_metrics(metrics, caches)
-    if quotas is not None:
-        add_quota_metrics(metrics, quotas)
-        quotas.start()
+    add_routing_metrics(metrics, gateway)
+    add_cache_metrics(metrics, lambda: gateway.caches)
+    add_quota_metrics(metrics, quotas)
+    quotas.start()
     reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
@@ -201,4 +217,26 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
     if telemetry is not None:
         telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
-    return RunningSidecar(server, admin, store, telemetry, external, quotas)
+    return RunningSidecar(server, admin, store, gateway, receiver, quotas,
+                          longest_request_s(config), metrics, telemetry)
+
+
+def add_routing_metrics(metrics: Metrics, gateway: Gateway) -> None:
+    """Per-group routing state, read through the gateway's current configuration (a reload
+    replaces it)."""
+    def by_group(read: Callable[[Router, str], float | None]) -> Callable[[], dict]:
+        def figures() -> dict[str, float]:
+            router = gateway.runtime.router
+            return {group: value for group in gateway.runtime.config.models
+                    if (value := read(router, group)) is not None}
+        return figures
+
+    metrics.add_group_gauge("affinity_pins", "conversation pins held", by_group(
+        lambda router, group: None if (pins := router.affinity_store(group)) is None
+        else float(len(pins))))
+    metrics.add_group_gauge("ejected_targets", "targets ejected or probing", by_group(
+        lambda router, group: None if (state := router.ejections(group)) is None
+        else float(state.ejected_count())))
+    metrics.add_counter("external_decisions", "decisions of strategy: external groups by "
+                        "how the routing service's answer was used", ("group", "outcome"),
+                        lambda: dict(gateway.external.outcomes) if gateway.external else {})

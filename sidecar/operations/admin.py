@@ -3,6 +3,9 @@
 - `GET /observations[?window=SECONDS]`: every target's window figures, in the snapshot
   format `sidecar explain --observations` reads, plus the outcome counts.
 - `GET /healthz`: `ok`.
+- `POST /reload`: reload the configuration file (operations/reload.py); needs the admin
+  token even on loopback. 200 with the outcome, or 422 with the problems (the running
+  configuration stays).
 - `GET /metrics`: Prometheus exposition (telemetry/metrics.py).
 - `GET /reports/<usage|decisions|fallbacks>?since=24h&...`: telemetry reports as JSON
   (telemetry/admin_reports.py), when telemetry is on.
@@ -11,9 +14,10 @@
   counters (connections, refusals, protocol errors, unauthenticated calls, bytes held).
 
 A deliberately tiny HTTP/1.1 server on asyncio: no dependencies, one request per connection,
-GET only, nothing secret in any answer. Loopback by default; bound to any other address it
-needs an admin token (`--admin-token-file`), which every request but `/healthz` must send
-as `authorization: Bearer <token>` (compared in constant time); starting on a non-loopback
+GET only (and `POST /reload`), nothing secret in any answer. Loopback by default; bound to
+any other address it needs an admin token (`--admin-token-file`), which every request but
+`/healthz` must send as `authorization: Bearer <token>` (compared in constant time);
+starting on a non-loopback
 address without one is refused. What one peer can cost is bounded: at most
 `MAX_CONNECTIONS` connections at once, `HEAD_TIMEOUT` (2 s) to send a request head of at
 most 64 KiB and 100 header lines. Beyond the limit, `HEALTHZ_SPARE` more connections may
@@ -29,7 +33,7 @@ import contextlib
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -85,6 +89,8 @@ class AdminServer:
                  grpc_counters: Callable[[], dict[str, int]] | None = None,
                  metrics: Metrics | None = None, token: str | None = None,
                  reports: AdminReports | None = None) -> None:
+        # `POST /reload` (operations/reload.py): set once the sidecar is running.
+        self.reload: Callable[[], Awaitable[dict[str, object]]] | None = None
         check_exposure(host, token)
         self._store = store
         self._token = None if token is None else f"Bearer {token}".encode()
@@ -178,8 +184,10 @@ class AdminServer:
     async def _dispatch(self, request_line: str,
                         authorization: bytes | None) -> tuple[str, object]:
         parts = request_line.split(" ")
+        if len(parts) >= 2 and parts[0] == "POST" and parts[1] == "/reload":
+            return await self._reload(authorization)
         if len(parts) < 2 or parts[0] != "GET":
-            return "405 Method Not Allowed", {"error": "only GET is served"}
+            return "405 Method Not Allowed", {"error": "only GET is served (and POST /reload)"}
         url = urlsplit(parts[1])
         if url.path == "/healthz":
             return "200 OK", "ok"
@@ -193,6 +201,20 @@ class AdminServer:
                                                   "telemetry.sqlite_path or postgres_dsn)"}
             return await self._reports.answer(url.path.removeprefix("/reports/"), url.query)
         return self._route(url.path, url.query)
+
+    async def _reload(self, authorization: bytes | None) -> tuple[str, object]:
+        """Reloading changes what the sidecar does: only with an admin token, even on
+        loopback (any local process can reach loopback)."""
+        if self._token is None:
+            return "403 Forbidden", {"error": "POST /reload needs an admin token "
+                                              "(--admin-token-file); or send SIGHUP"}
+        if authorization is None or not hmac.compare_digest(authorization, self._token):
+            return "401 Unauthorized", {"error": "send the admin token: "
+                                                 "authorization: Bearer <token>"}
+        if self.reload is None:
+            return "503 Service Unavailable", {"error": "not running yet"}
+        result = await self.reload()
+        return ("200 OK" if result["ok"] else "422 Unprocessable Entity"), result
 
     def _route(self, path: str, query: str) -> tuple[str, object]:
         if path == "/status":

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from sidecar import __version__
-from sidecar.apis import Dialect
 from sidecar.config import ConfigError, load_config_file
 from sidecar.config.models import Telemetry
 from sidecar.config.secrets import SecretError
+from sidecar.dialects.apis import Dialect
 from sidecar.envoy_config.addresses import (
     DEFAULT_ADMIN_HTTP,
     DEFAULT_SECRETS_DIR,
@@ -24,9 +24,9 @@ from sidecar.envoy_config.addresses import (
 )
 from sidecar.gateway import StartupError
 from sidecar.grpcwire.auth import ChannelTokenError, ensure_channel_token, read_channel_token
-from sidecar.log_format import configure as configure_logging
-from sidecar.process import run_event_loop
-from sidecar.signals import until_stop_signal
+from sidecar.operations.log_format import configure as configure_logging
+from sidecar.operations.posix_signals import until_stop_signal
+from sidecar.operations.process import run_event_loop
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
@@ -246,7 +246,8 @@ def _up(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from sidecar.gateway import Runtime
-    from sidecar.service import start_sidecar
+    from sidecar.operations.assembly import start_sidecar
+    from sidecar.operations.reload import enable_reload
 
     config = load_config_file(args.config)
     runtime = Runtime(config)
@@ -261,6 +262,7 @@ def _serve(args: argparse.Namespace) -> int:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
                                       grpc_server=args.grpc_server, admin_token=admin_token)
+        enable_reload(sidecar, Path(args.config))
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
             sidecar.admin.host, sidecar.admin.port, len(config.models))
@@ -272,7 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _observations(args: argparse.Namespace) -> int:
-    from sidecar.observations_cli import fetch_observations, render_table
+    from sidecar.commands.observations import fetch_observations, render_table
 
     document = fetch_observations(args.admin_http, args.window, _admin_token(args))
     print(json.dumps(document, indent=2) if args.format == "json" else render_table(document))
@@ -329,7 +331,7 @@ def _render_envoy(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from sidecar.explain import ExplainError, as_json, as_table, explain
+    from sidecar.commands.explain import ExplainError, as_json, as_table, explain
 
     config = load_config_file(args.config)
     try:
@@ -381,7 +383,7 @@ def _telemetry_settings(args: argparse.Namespace) -> Telemetry | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from sidecar.telemetry.cli import run_report
+    from sidecar.commands.report import run_report
 
     settings = _telemetry_settings(args)
     if settings is None:
@@ -392,7 +394,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _rollup(args: argparse.Namespace) -> int:
-    from sidecar.telemetry.cli import run_rollup
+    from sidecar.commands.report import run_rollup
 
     settings = _telemetry_settings(args)
     if settings is None:

@@ -10,15 +10,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sidecar.apis import Dialect
+from sidecar.commands.text_table import format_table
 from sidecar.config.models import SidecarConfig
+from sidecar.dialects.apis import Dialect
 from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.shape import request_shape
 from sidecar.gateway.handler import scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
 from sidecar.routing.router import Router
-from sidecar.text_table import format_table
 
 
 class ExplainError(Exception):

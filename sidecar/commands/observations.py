@@ -6,7 +6,7 @@ import json
 import urllib.request
 from typing import Any
 
-from sidecar.text_table import format_table
+from sidecar.commands.text_table import format_table
 
 _COLUMNS = ("count", "p95_latency_ms", "p95_ttfb_ms", "p95_ms_per_output_token",
             "output_tokens_per_s", "error_rate", "timeout_rate", "fallback_rate")

@@ -1,0 +1,210 @@
+"""Reloading the routing configuration without a restart (docs/reload.md).
+
+Triggered by SIGHUP, by a change of the configuration file, or by `POST /reload` on the
+admin endpoint (admin token required). The new file is loaded and validated exactly as
+`check-config --secrets` does; a file that fails is rejected with the same messages and the
+running configuration keeps serving. A valid one is swapped in at once: requests from then
+on use it, requests under way finish on theirs (gateway/handler.py, `Pending.runtime`).
+
+What a reload keeps: observations (keyed by target, in the store), the whole routing state
+of groups whose configuration did not change, the affinity pins of changed groups to
+targets that did not change, sessions, caches of groups whose cache settings did not
+change, and quota counts. Sections read only at start — `limits`, `observations`,
+`telemetry`, `sessions`, `quotas` — keep their running values until a restart; a reload
+that changes them says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sidecar.cache.caches import ResponseCaches, cached_groups
+from sidecar.config import ConfigError, load_config_file
+from sidecar.config.models import SidecarConfig
+from sidecar.config.secrets import SecretError
+from sidecar.external.client import ExternalCalls
+from sidecar.gateway.runtime import Runtime, StartupError, provider_key_problems
+
+if TYPE_CHECKING:
+    from sidecar.operations.assembly import RunningSidecar
+
+log = logging.getLogger("sidecar.reload")
+
+RESTART_ONLY = ("limits", "observations", "telemetry", "sessions", "quotas")
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    trigger: str
+    problems: tuple[str, ...] = ()
+    # Sections that changed but keep their running values until a restart.
+    needs_restart: tuple[str, ...] = ()
+    groups: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "trigger": self.trigger, "problems": list(self.problems),
+                "needs_restart": list(self.needs_restart), "groups": self.groups}
+
+
+@dataclass
+class Reloader:
+    """Reloads `path` into a running sidecar."""
+
+    path: Path
+    sidecar: RunningSidecar
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    # Run before the swap, each may refuse it with a problem: the embedded stack hands
+    # Envoy the new clusters there and waits until it has them.
+    before_swap: list[Callable[[SidecarConfig], Awaitable[str | None]]] = field(
+        default_factory=list)
+    outcomes: Counter[tuple[str]] = field(default_factory=Counter)
+    last: ReloadResult | None = None
+    _stamp: tuple[int, int, int] | None = None
+    _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watcher: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self._stamp = _stamp(self.path)
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Load and check in a worker thread (a large file takes a while; the loop keeps
+        serving), then swap on the loop. One reload at a time."""
+        async with self._one_at_a_time:
+            self._stamp = _stamp(self.path)
+            prepared = await asyncio.to_thread(self._prepare)
+            if not isinstance(prepared, list):
+                config, runtime = prepared
+                for hook in self.before_swap:
+                    problem = await hook(config)
+                    if problem is not None:
+                        prepared = [problem]
+                        break
+            if not isinstance(prepared, list):
+                running = self.sidecar.gateway.runtime.config
+                apply(self.sidecar, config, runtime)
+                changed = tuple(name for name in RESTART_ONLY
+                                if getattr(config, name) != getattr(running, name))
+                result = ReloadResult(True, trigger, needs_restart=changed,
+                                      groups=len(config.models))
+            else:
+                result = ReloadResult(False, trigger, tuple(prepared))
+        self.last = result
+        self.outcomes[("applied" if result.ok else "rejected",)] += 1
+        if result.ok:
+            log.info("configuration reloaded (%s): %d model groups%s", trigger, result.groups,
+                     f"; needs a restart to change: {', '.join(result.needs_restart)}"
+                     if result.needs_restart else "")
+        else:
+            log.error("configuration reload (%s) rejected; the running configuration stays:"
+                      "\n%s", trigger, "\n".join(f"  {p}" for p in result.problems))
+        return result
+
+    def changed_on_disk(self) -> bool:
+        """Whether the file (or what its path points at now: Kubernetes swaps a ConfigMap
+        through a symlink) changed since the last look."""
+        stamp = _stamp(self.path)
+        if stamp is None or stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        return True
+
+    def _prepare(self) -> tuple[SidecarConfig, Runtime] | list[str]:
+        """The new configuration and its runtime, or the problems (as check-config
+        --secrets words them)."""
+        try:
+            config = load_config_file(self.path)
+            runtime = Runtime(config, self.environ)
+            problems = provider_key_problems(config, self.environ)
+            if problems:
+                raise StartupError(problems)
+        except ConfigError as exc:
+            return [line.strip() for line in str(exc).splitlines()[1:]] or [str(exc)]
+        except StartupError as exc:
+            return list(exc.problems)
+        except (SecretError, OSError, ValueError) as exc:
+            return [str(exc)]
+        return config, runtime
+
+
+def apply(sidecar: RunningSidecar, config: SidecarConfig, runtime: Runtime) -> None:
+    """Swap `runtime` in, carrying over what still holds (module docstring)."""
+    gateway = sidecar.gateway
+    runtime.router.carry_over(gateway.runtime.router)
+    external = gateway.external
+    if any(g.strategy == "external" for g in config.models.values()):
+        fresh = ExternalCalls(config)
+        fresh.outcomes = external.outcomes if external is not None else fresh.outcomes
+        external, retired = fresh, external
+    else:
+        external, retired = None, external
+    if retired is not None:
+        sidecar.retire(retired)
+    caches = None
+    if cached_groups(config):
+        caches = ResponseCaches(config, sidecar.max_request_s)
+        if gateway.caches is not None:
+            caches.carry_over(gateway.caches)
+    gateway.swap(runtime, external, caches)
+    if sidecar.receiver is not None:
+        sidecar.receiver.remap(runtime.cluster_targets, runtime.cluster_groups)
+    if gateway.quotas is not None:
+        gateway.quotas.reconfigure(config)
+    if sidecar.telemetry is not None:
+        sidecar.telemetry.build.reprice({f"{t.provider}/{t.model_ref}": t.pricing
+                                         for g in config.models.values()
+                                         for t in g.targets if t.pricing})
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()  # follows symlinks: the file the path names now
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+async def watch(reloader: Reloader, interval_s: float = 2.0) -> None:
+    """Reload when the file changes (polled: inotify does not see a ConfigMap's symlink
+    swap reliably, and a stat every two seconds costs nothing)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if reloader.changed_on_disk():
+            await reloader.reload("file")
+
+
+def enable_reload(sidecar: RunningSidecar, path: Path,
+                  watch_interval_s: float | None = 2.0) -> Reloader:
+    """Every way in: SIGHUP, the file changing (polled every `watch_interval_s`; None: not
+    watched), and the admin endpoint's `POST /reload`. Outcomes in
+    `sidecar_config_reloads_total{outcome}`."""
+    reloader = Reloader(path, sidecar)
+    sidecar.reloader = reloader
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[object]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(reloader.reload("sighup"))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
+
+    async def by_admin() -> dict[str, object]:
+        return (await reloader.reload("admin")).as_dict()
+
+    sidecar.admin.reload = by_admin
+    if watch_interval_s is not None:
+        reloader.watcher = loop.create_task(watch(reloader, watch_interval_s))
+    sidecar.metrics.add_counter("config_reloads", "configuration reloads by outcome "
+                                "(applied, rejected)", ("outcome",),
+                                lambda: dict(reloader.outcomes))
+    return reloader
