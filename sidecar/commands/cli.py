@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
     up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(up)
+    _drain_flag(up, 10.0, "; ends early once Envoy has no request left")
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
     serve.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(serve)
+    _drain_flag(serve, 10.0, "")
 
     observations = command("observations",
                            "show each target's observation window from a running sidecar")
@@ -168,6 +171,13 @@ def host_port(value: str) -> str:
     return value
 
 
+def _drain_flag(parser: argparse.ArgumentParser, default: float, note: str) -> None:
+    parser.add_argument("--drain-seconds", type=float, default=default,
+                        help="on SIGTERM: health NOT_SERVING at once, then keep serving this "
+                             f"long before stopping (default: {default:g}{note}); SIGINT "
+                             "stops at once")
+
+
 def _grpc_server_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-server", choices=["own", "grpcio"], default="own",
                         help="what serves the gRPC port: the sidecar's own HTTP/2 server "
@@ -236,6 +246,7 @@ def _up(args: argparse.Namespace) -> int:
         admin_http=args.admin_http,
         grpc_server=args.grpc_server,
         admin_token=admin_token,
+        drain_seconds=args.drain_seconds,
     )
     try:
         return run_event_loop(run_stack(options))
@@ -247,6 +258,7 @@ def _up(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from sidecar.gateway import Runtime
     from sidecar.operations.assembly import start_sidecar
+    from sidecar.operations.drain import drain
     from sidecar.operations.reload import enable_reload
 
     config = load_config_file(args.config)
@@ -266,7 +278,8 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
             sidecar.admin.host, sidecar.admin.port, len(config.models))
-        await until_stop_signal()
+        if await until_stop_signal() == signal.SIGTERM and args.drain_seconds > 0:
+            await drain(sidecar, args.drain_seconds)
         await sidecar.stop()
 
     run_event_loop(serve())

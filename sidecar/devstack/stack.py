@@ -33,6 +33,7 @@ from sidecar.gateway import Runtime, StartupError
 from sidecar.gateway.runtime import provider_key_problems
 from sidecar.grpcwire.auth import new_channel_token
 from sidecar.operations.assembly import start_sidecar
+from sidecar.operations.drain import drain
 from sidecar.operations.posix_signals import ignore_sighup, until_stop_signal
 from sidecar.operations.reload import enable_reload
 
@@ -56,6 +57,7 @@ class StackOptions:
     ready_timeout_s: float = 30.0
     grpc_server: str = "own"  # or "grpcio" (docs/grpc-server.md)
     admin_token: str | None = None
+    drain_seconds: float = 10.0  # on SIGTERM (operations/drain.py)
 
 
 def _die_with_parent() -> None:
@@ -212,6 +214,8 @@ async def run_stack(options: StackOptions) -> int:
         if not stopped.done():
             print(f"Envoy exited with code {envoy.returncode}; stopping", file=sys.stderr)
             return 1
+        if stopped.result() == signal.SIGTERM and options.drain_seconds > 0:
+            await drain(sidecar, options.drain_seconds, options.addresses.admin)
         return 0
     finally:
         _stop_process(envoy)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -57,6 +57,9 @@ OPEN_METHOD_READS = 4
 # RESOURCE_EXHAUSTED.
 OPEN_METHOD_READ_TIMEOUT = 1.0
 
+
+if TYPE_CHECKING:
+    from sidecar.grpcwire.health import HealthState
 
 class GrpcioCall:
     """The grpcwire `Call` interface for one grpcio call: what a handler sends is queued
@@ -126,6 +129,8 @@ class GrpcioServer:
         self.auth = auth
         self.methods: dict[bytes, HandlerFactory] = {}
         self.counters = ServerCounters()
+        # Set by add_health: NOT_SERVING once a drain begins (operations/drain.py).
+        self.health: HealthState | None = None
         self.port = 0
         self.open_calls = 0
         self.open_method_reads = 0

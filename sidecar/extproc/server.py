@@ -47,7 +47,7 @@ async def _serve(server: GrpcServer | GrpcioServer, processor: ExternalProcessor
     if access_logs is not None:
         server.add_method(AccessLogReceiver.SERVICE, AccessLogReceiver.METHOD,
                           access_logs.stream)
-    add_health(server, [SERVICE])
+    server.health = add_health(server, [SERVICE])
     host, port = split_host_port(address)
     try:
         await server.start(host, port)

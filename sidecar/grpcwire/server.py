@@ -9,6 +9,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sidecar.grpcwire.auth import OPEN_METHODS, ChannelAuth
 from sidecar.grpcwire.call import HandlerFactory
@@ -19,6 +20,9 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 
 log = logging.getLogger("sidecar.grpcwire")
 
+
+if TYPE_CHECKING:
+    from sidecar.grpcwire.health import HealthState
 
 class GrpcServer:
     def __init__(self, limits: ServerLimits | None = None, *, auth: ChannelAuth | None = None,
@@ -38,6 +42,8 @@ class GrpcServer:
         self.clock = clock
         self.open_methods = OPEN_METHODS
         self.counters = ServerCounters()
+        # Set by add_health: NOT_SERVING once a drain begins (operations/drain.py).
+        self.health: HealthState | None = None
         self.log = LogLimiter(log, self.limits.log_burst, self.limits.log_interval, clock,
                               self.counters)
         self.methods: dict[bytes, HandlerFactory] = {}

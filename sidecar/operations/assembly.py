@@ -86,6 +86,7 @@ class RunningSidecar:
     quotas: Quotas
     max_request_s: float
     metrics: Metrics
+    processor: ExternalProcessor
     telemetry: Telemetry | None = field(default=None)
     reloader: Reloader | None = field(default=None)
     # External routing clients a reload replaced: closed once their calls are done.
@@ -218,7 +219,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     if telemetry is not None:
         telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
     return RunningSidecar(server, admin, store, gateway, receiver, quotas,
-                          longest_request_s(config), metrics, telemetry)
+                          longest_request_s(config), metrics, processor, telemetry)
 
 
 def add_routing_metrics(metrics: Metrics, gateway: Gateway) -> None:

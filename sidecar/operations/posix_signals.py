@@ -8,13 +8,15 @@ import logging
 import signal
 
 
-async def until_stop_signal() -> None:
-    """Return once SIGINT (Ctrl-C) or SIGTERM arrives."""
-    stop = asyncio.Event()
+async def until_stop_signal() -> signal.Signals:
+    """Return the signal once SIGINT (Ctrl-C: stop now) or SIGTERM (drain, then stop:
+    operations/drain.py) arrives."""
     loop = asyncio.get_running_loop()
+    arrived: asyncio.Future[signal.Signals] = loop.create_future()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(
+            signum, lambda s=signum: arrived.done() or arrived.set_result(s))
+    return await arrived
 
 
 def ignore_sighup(why: str) -> None:

@@ -73,7 +73,7 @@ class Running:
         self.server = GrpcServer(max_message_bytes=max_message, **limits)
         self.server.add_method(SERVICE, "Echo", Echo)
         self.server.add_method(SERVICE, "Collect", Collect)
-        add_health(self.server, ["test.Echo"])
+        self.health = add_health(self.server, ["test.Echo"])
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.call(self.server.start("127.0.0.1", 0))
@@ -122,6 +122,23 @@ def test_health_watch_streams_the_status(running: Running) -> None:
             health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
         stream.cancel()
+
+
+def test_a_drain_turns_health_not_serving_for_checks_and_watchers(running: Running) -> None:
+    """operations/drain.py: the first step of a drain, announced on open Watch calls."""
+    with grpc.insecure_channel(running.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        stream = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+
+        async def drain() -> None:
+            running.health.stop_serving()
+
+        running.call(drain())
+        assert next(stream).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        stream.cancel()
+        reply = stub.Check(health_pb2.HealthCheckRequest(service="test.Echo"), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_bidi_stream_echoes_in_order_and_finishes_on_half_close(running: Running) -> None:
