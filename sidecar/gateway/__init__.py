@@ -5,8 +5,9 @@ and returns either a `Reply` (answer the caller now) or a `Forward` (send upstre
 these rewrites). The ext_proc adapter only translates those two outcomes into Envoy messages.
 """
 
-from sidecar.gateway.handler import Gateway, Pending
+from sidecar.gateway.handler import Gateway
 from sidecar.gateway.outcome import Forward, Reply
+from sidecar.gateway.pending import Pending
 from sidecar.gateway.runtime import Runtime, StartupError
 
 __all__ = ["Forward", "Gateway", "Pending", "Reply", "Runtime", "StartupError"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.keys import cache_directives
@@ -23,7 +23,6 @@ from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import (
-    CACHE_HEADER,
     CACHE_SLOT_HEADER,
     CALLER_API_HEADER,
     SESSION_KEY_HEADER,
@@ -31,7 +30,9 @@ from sidecar.envoy_contract import (
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
+from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_refusal
 from sidecar.gateway.outcome import Ask, Forward, Reply, Retarget, body_size
+from sidecar.gateway.pending import Pending
 from sidecar.gateway.retarget import (
     RetargetError,
     attempt_dialect,
@@ -46,8 +47,7 @@ from sidecar.gateway.sessions import (
     valid_session_id,
 )
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.quotas.admission import Quotas, refusal_error
-from sidecar.quotas.counters import Refusal
+from sidecar.quotas.admission import Quotas
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
@@ -61,40 +61,9 @@ _limited = LogLimiter(log, burst=10, interval=60.0)
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
 MAX_RETRIES_HEADER = "x-envoy-max-retries"
-# Request fields that name state stored at the provider (OpenAI Responses).
-_PROVIDER_STATE_KEYS = ("previous_response_id", "conversation")
 _MODELS_PATH = "/v1/models"
 # Configurations before the current one whose clusters a retry may still name.
 RETIRED_KEPT = 2
-
-
-@dataclass(frozen=True, slots=True)
-class CacheVisit:
-    """A request of a group with a response cache that was not answered from it: `miss`
-    (its answer will be stored under `slot`, unless the caller said no-store) or
-    `bypass` (streamed, a stateful session, or cache-control forbade both)."""
-
-    outcome: str
-    slot: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """An authenticated generation request waiting for its body."""
-
-    caller: Caller
-    dialect: Dialect
-    has_anthropic_version: bool
-    stateful_session: bool = False
-    request_id: str = ""  # Envoy's x-request-id, for the telemetry join
-    traceparent: str = ""  # W3C trace context, checked at join time (telemetry/rows.py)
-    session_id: str = ""   # the caller's `x-session-id`, for Chat-to-Responses sessions
-    # The caller's cache-control, for groups with a response cache (cache/keys.py).
-    cache_lookup: bool = True
-    cache_store: bool = True
-    # The configuration the request started with: a reload meanwhile does not change its
-    # routing (operations/reload.py).
-    runtime: Runtime | None = None
 
 
 class Gateway:
@@ -206,7 +175,7 @@ class Gateway:
         if self.quotas is not None:
             refusal = self.quotas.admit(pending.caller.name, model, pending.request_id)
             if refusal is not None:
-                return self._refused(pending, model, refusal)
+                return quota_refusal(self._telemetry, pending, model, refusal)
         group = runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
         refusal = (bridge_refusal(runtime.bridge_translators.get((model, pending.dialect)),
@@ -220,7 +189,8 @@ class Gateway:
             summary = replace(summary, dialect=Dialect.OPENAI_RESPONSES)
         cache: CacheVisit | None = None
         if self.caches is not None and model in self.caches:
-            cache = self._cache_visit(pending, model, summary, payload, session)
+            cache = cache_visit(self.caches, self._telemetry, pending, model, summary,
+                                payload, session)
             if isinstance(cache, Reply):
                 return cache
         if group.strategy == "external" and self.external is not None and (
@@ -231,38 +201,6 @@ class Gateway:
                 return Ask(model, query, lambda answer: self._decided(
                     pending, model, group, parsed, summary, session, answer, cache))
         return self._decided(pending, model, group, parsed, summary, session, None, cache)
-
-    def _cache_visit(self, pending: Pending, model: str, summary: RequestSummary,
-                     payload: dict, session: bool) -> CacheVisit | Reply:
-        """A cached answer (a Reply, no decision, no upstream call), or how the miss or
-        bypass goes on. Streamed requests and stateful sessions are never cached."""
-        caches = self.caches
-        assert caches is not None
-        stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
-        if (summary.stream or session or stateful
-                or not (pending.cache_lookup or pending.cache_store)):
-            return CacheVisit("bypass")
-        key = caches.key(model, pending.caller.name, pending.dialect, payload)
-        if pending.cache_lookup:
-            answer = caches.lookup(model, key)
-            if answer is not None:
-                if self._telemetry is not None and pending.request_id:
-                    self._telemetry.decided(DecisionFacts(
-                        pending.request_id, time.time(), pending.caller.name, model, None,
-                        summary, pending.traceparent, cache="hit"))
-                return Reply(200, answer.body, answer.content_type, ((CACHE_HEADER, "hit"),))
-        slot = caches.slots.reserve(model, key) if pending.cache_store else None
-        return CacheVisit("miss", slot)
-
-    def _refused(self, pending: Pending, model: str, refusal: Refusal) -> Reply:
-        """Over a quota: 429 with retry-after, and a telemetry row naming the limit."""
-        if self._telemetry is not None and pending.request_id:
-            self._telemetry.decided(DecisionFacts(
-                pending.request_id, time.time(), pending.caller.name, model, None, None,
-                pending.traceparent, admission=refusal.reason))
-        error = refusal_error(refusal)
-        return Reply(error.status, error.render(pending.dialect.is_anthropic),
-                     headers=(("retry-after", str(refusal.retry_after_s)),))
 
     def store_answer(self, slot: str, body: bytes, content_type: str) -> None:
         """A cache miss's answer, as the caller receives it (gateway/bridging.py)."""
@@ -292,7 +230,7 @@ class Gateway:
         routes = runtime.routes
         # A Responses request that continues a stored response or conversation lives at one
         # provider: another target has no such id, so it gets no fallback.
-        stateful = any(payload.get(key) is not None for key in _PROVIDER_STATE_KEYS)
+        stateful = any(payload.get(key) is not None for key in PROVIDER_STATE_KEYS)
         allowed = 1 if stateful else group.fallback.max_attempts
         slot = cache.slot if cache is not None else None
         cache_routes = runtime.cache_routes if slot else {}
