@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from sidecar.commands.text_table import format_table
-from sidecar.config.models import Telemetry
+from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import Filters, parse_since, report
 from sidecar.telemetry.store import TelemetryStore

@@ -14,7 +14,7 @@ import time
 from urllib.parse import parse_qs
 
 from sidecar.commands.report import filters_for, report_document
-from sidecar.config.models import Telemetry
+from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.reports import BY, KINDS
 

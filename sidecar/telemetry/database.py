@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from sidecar.config.models import Telemetry
 from sidecar.config.secrets import read_secret
+from sidecar.config.service_settings import Telemetry
 
 
 class Database(Protocol):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.config.models import Traces
+from sidecar.config.service_settings import Traces
 from sidecar.telemetry.rows import RequestRow
 
 MAX_QUEUED_SPANS = 4096

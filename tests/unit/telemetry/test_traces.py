@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sidecar.config.models import Telemetry, Traces
+from sidecar.config.service_settings import Telemetry, Traces
 from sidecar.telemetry.rows import DecisionFacts, RequestResult, request_row
 from sidecar.telemetry.traces import RequestSpans, span_attributes
 

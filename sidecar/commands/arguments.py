@@ -1,0 +1,181 @@
+"""The `sidecar` command line's arguments: every command, its flags and their defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sidecar import __version__
+from sidecar.dialects.apis import Dialect
+from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, DEFAULT_SECRETS_DIR, split_host_port
+
+DEFAULT_LISTEN = "127.0.0.1:10000"
+DEFAULT_EXT_PROC = "127.0.0.1:50051"
+DEFAULT_ADMIN = "127.0.0.1:9901"
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+CA_HELP = "CA file for verifying https providers (default: the system trust store)"
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sidecar",
+        description="Envoy ext_proc sidecar that routes LLM model groups to provider targets.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                        help="sidecar log level (default: info)")
+    common.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="sidecar log lines as text (default) or one JSON object each")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, parents=[common])
+
+    up = command("up",
+                 "run the embedded stack: sidecar + Envoy (+ demo providers without --config)")
+    up.add_argument("--config", type=Path, help="routing configuration (default: the demo)")
+    _address_flags(up)
+    up.add_argument("--ca-bundle", help=CA_HELP)
+    up.add_argument("--demo-port", type=int, default=18080,
+                    help="port of the demo providers (default: 18080; 0 picks a free port)")
+    up.add_argument("--demo-token", default="demo-caller-token",
+                    help="caller token the demo configuration accepts")
+    up.add_argument("--envoy-log-level", default="warning")
+    up.add_argument("--log-decisions", action="store_true",
+                    help="log one JSON line per routing decision (safe scalars only)")
+    up.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                    help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
+    _grpc_server_flag(up)
+    _drain_flag(up, 10.0, "; ends early once Envoy has no request left")
+
+    serve = command("serve", "run only the ext_proc gRPC server (containers)")
+    serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument("--listen", default=DEFAULT_EXT_PROC, type=host_port,
+                       help=f"gRPC address (default: {DEFAULT_EXT_PROC})")
+    serve.add_argument("--grpc-token-file", type=Path, required=True,
+                       help="file with the channel token Envoy presents on every gRPC call "
+                            "(the file given to render-envoy --grpc-token-file)")
+    serve.add_argument("--log-decisions", action="store_true",
+                       help="log one JSON line per routing decision (safe scalars only)")
+    serve.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                       help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    serve.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
+    _grpc_server_flag(serve)
+    _drain_flag(serve, 10.0, "")
+
+    observations = command("observations",
+                           "show each target's observation window from a running sidecar")
+    observations.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
+                              help=f"the sidecar's admin endpoint (default: {DEFAULT_ADMIN_HTTP})")
+    observations.add_argument("--window", type=int, help="seconds (default: the longest)")
+    observations.add_argument("--admin-token-file", type=Path,
+                              help="the admin token, when the endpoint requires one")
+    observations.add_argument("--format", choices=["table", "json"], default="table")
+
+    check = command("check-config", "validate a configuration file")
+    check.add_argument("file", type=Path)
+    check.add_argument("--secrets", action="store_true",
+                       help="also check that every caller token and provider key can be read")
+
+    render = command("render-envoy", "print the Envoy bootstrap for a config")
+    render.add_argument("--config", type=Path, required=True)
+    _address_flags(render)
+    render.add_argument("--ca-bundle", help=CA_HELP)
+    render.add_argument("--output", type=Path, help="write here instead of stdout")
+    render.add_argument("--grpc-token-file", type=Path,
+                        help="channel token Envoy sends to the sidecar (created with a new "
+                             "random token if the file does not exist); without it, a "
+                             "placeholder is rendered")
+    render.add_argument("--secrets-dir", default=DEFAULT_SECRETS_DIR,
+                        help="where Envoy finds the providers' SDS files "
+                             f"(default: {DEFAULT_SECRETS_DIR})")
+    render.add_argument("--sds-output", type=Path,
+                        help="also write the SDS files (one per provider, naming its key's "
+                             "variable or file) into this folder")
+
+    explain = command("explain", "show the routing decision for one request body, and why")
+    explain.add_argument("--config", type=Path, required=True)
+    explain.add_argument("--request", type=Path, required=True,
+                         help="JSON request body (its 'model' is the group)")
+    explain.add_argument("--api", choices=[d.value for d in Dialect], default="openai_chat",
+                         help="the caller's API dialect (default: openai_chat)")
+    explain.add_argument("--observations", type=Path,
+                         help="observation snapshot (JSON, see docs/dynamic-score.md)")
+    explain.add_argument("--caller", help="caller name, for its spend ceiling")
+    explain.add_argument("--format", choices=["table", "json"], default="table")
+
+    reports = command("report", "usage, decision and fallback reports from the telemetry "
+                                "database (docs/telemetry.md)")
+    reports.add_argument("kind", choices=["usage", "decisions", "fallbacks"])
+    source = reports.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path,
+                        help="the telemetry database its telemetry section names")
+    source.add_argument("--db", type=Path, help="a telemetry SQLite file")
+    reports.add_argument("--since", default="24h", help="period start, ago (default: 24h)")
+    reports.add_argument("--until", help="period end, ago (default: now)")
+    reports.add_argument("--group")
+    reports.add_argument("--caller")
+    reports.add_argument("--by", choices=["target", "caller", "group", "day"],
+                         default="target")
+    reports.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
+    rollup = command("rollup", "roll up finished days and expire raw telemetry rows past "
+                               "raw_retention_days (docs/telemetry.md; the sidecar also does "
+                               "this on a schedule)")
+    rollup_source = rollup.add_mutually_exclusive_group(required=True)
+    rollup_source.add_argument("--config", type=Path,
+                               help="the telemetry database its telemetry section names")
+    rollup_source.add_argument("--db", type=Path, help="a telemetry SQLite file")
+    rollup.add_argument("--raw-retention-days", type=int,
+                        help="override telemetry.raw_retention_days (default: 30)")
+
+    providers = command("demo-providers", "run only the demo providers")
+    providers.add_argument("--listen", default="127.0.0.1:18080", type=host_port)
+    providers.add_argument("--api-key-env", default="SIDECAR_DEMO_PROVIDER_KEY",
+                           help="environment variable holding the key the providers require")
+
+    demo_config = command("demo-config", "print the demo configuration")
+    demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",
+                             help="where the demo providers listen")
+    return parser
+
+
+def host_port(value: str) -> str:
+    """argparse type: a host:port address."""
+    try:
+        split_host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _drain_flag(parser: argparse.ArgumentParser, default: float, note: str) -> None:
+    parser.add_argument("--drain-seconds", type=float, default=default,
+                        help="on SIGTERM: health NOT_SERVING at once, then keep serving this "
+                             f"long before stopping (default: {default:g}{note}); SIGINT "
+                             "stops at once")
+
+
+def _grpc_server_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-server", choices=["own", "grpcio"], default="own",
+                        help="what serves the gRPC port: the sidecar's own HTTP/2 server "
+                             "(default) or grpcio, the escape hatch (same handlers, more CPU "
+                             "per request; docs/grpc-server.md)")
+
+
+def _address_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, type=host_port,
+                        help=f"Envoy listener for clients (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--ext-proc", default=DEFAULT_EXT_PROC, type=host_port,
+                        help=f"sidecar gRPC address (default: {DEFAULT_EXT_PROC})")
+    parser.add_argument("--admin", default=DEFAULT_ADMIN, type=host_port,
+                        help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
+
+
+ADMIN_TOKEN_HELP = ("file with a token (32+ characters) the admin endpoint requires as "
+                    "'authorization: Bearer <token>' on all but /healthz; needed when "
+                    "--admin-http is not a loopback address")
+
+
