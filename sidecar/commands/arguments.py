@@ -62,6 +62,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                        help=f"admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
     serve.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
+    serve.add_argument("--xds-dir", type=Path,
+                       help="the folder given to `render-envoy --xds-dir`: on every reload "
+                            "the sidecar writes Envoy's new clusters and listener there")
+    serve.add_argument("--envoy-admin", type=host_port,
+                       help="Envoy's admin address: with --xds-dir, a reload waits until "
+                            "Envoy has the new clusters before routing to them")
     _grpc_server_flag(serve)
     _drain_flag(serve, 10.0, "")
 
@@ -94,6 +100,14 @@ def parser() -> argparse.ArgumentParser:
     render.add_argument("--sds-output", type=Path,
                         help="also write the SDS files (one per provider, naming its key's "
                              "variable or file) into this folder")
+    render.add_argument("--xds-dir", type=Path,
+                        help="render a bootstrap that reads the target clusters and the "
+                             "listener from watched files in this folder, and write them "
+                             "there; `sidecar serve --xds-dir` keeps them in step with "
+                             "reloads (docs/reload.md)")
+    render.add_argument("--format", choices=["yaml", "json"], default="yaml",
+                        help="bootstrap format (JSON renders a configuration of thousands "
+                             "of targets several times faster)")
 
     explain = command("explain", "show the routing decision for one request body, and why")
     explain.add_argument("--config", type=Path, required=True)

@@ -85,6 +85,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from sidecar.envoy_config.follow import serve_follower
     from sidecar.gateway import Runtime
     from sidecar.operations.assembly import start_sidecar
     from sidecar.operations.drain import drain
@@ -103,7 +104,10 @@ def _serve(args: argparse.Namespace) -> int:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
                                       grpc_server=args.grpc_server, admin_token=admin_token)
-        enable_reload(sidecar, Path(args.config))
+        reloader = enable_reload(sidecar, Path(args.config))
+        if args.xds_dir is not None:
+            reloader.before_swap.append(serve_follower(
+                args.xds_dir.resolve(), channel_token, args.envoy_admin, config))
         logging.getLogger("sidecar").info(
             "ext_proc listening on %s, admin on http://%s:%d (%d model groups)", args.listen,
             sidecar.admin.host, sidecar.admin.port, len(config.models))
@@ -141,7 +145,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _render_envoy(args: argparse.Namespace) -> int:
-    from sidecar.envoy_config.render import render_envoy_yaml
+    from sidecar.envoy_config.render import bootstrap_yaml, rendered_document
 
     config = load_config_file(args.config)
     addresses = EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
@@ -156,7 +160,14 @@ def _render_envoy(args: argparse.Namespace) -> int:
     if token is None:
         print("note: no --grpc-token-file: the bootstrap carries a placeholder channel token "
               "that the sidecar will refuse", file=sys.stderr)
-    text = render_envoy_yaml(config, addresses, token)
+    if args.xds_dir is not None:
+        from sidecar.envoy_config.follow import start_xds
+
+        text, _ = start_xds(config, addresses, token, args.xds_dir.resolve())
+    elif args.format == "json":
+        text = json.dumps(rendered_document(config, addresses, token), indent=1) + "\n"
+    else:
+        text = bootstrap_yaml(rendered_document(config, addresses, token))
     if args.sds_output is not None:
         from sidecar.envoy_config.credentials import write_sds_files
 

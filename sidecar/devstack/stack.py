@@ -27,8 +27,7 @@ from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
 from sidecar.envoy_config.credentials import write_sds_files
-from sidecar.envoy_config.render import bootstrap_yaml, rendered_document
-from sidecar.envoy_config.xds_files import XdsFiles, dynamic_bootstrap, wait_for_clusters
+from sidecar.envoy_config.follow import follower, start_xds
 from sidecar.gateway import Runtime, StartupError
 from sidecar.gateway.runtime import provider_key_problems
 from sidecar.grpcwire.auth import new_channel_token
@@ -177,15 +176,9 @@ async def run_stack(options: StackOptions) -> int:
     envoy_file = workdir / "envoy.yaml"
     # Target clusters and the listener come from watched files, so a reload reaches Envoy
     # without a restart (envoy_config/xds_files.py).
-    xds = XdsFiles(workdir / "xds")
-    document = rendered_document(config, addresses, channel_token)
-    xds.publish(document)
-    envoy_file.write_text(bootstrap_yaml(dynamic_bootstrap(document, xds.directory)))
-
-    async def envoy_follows(new: SidecarConfig) -> str | None:
-        write_sds_files(new, secrets_dir)
-        names = xds.publish(rendered_document(new, addresses, channel_token))
-        return await wait_for_clusters(options.addresses.admin, names)
+    bootstrap_text, xds = start_xds(config, addresses, channel_token, workdir / "xds")
+    envoy_file.write_text(bootstrap_text)
+    envoy_follows = follower(xds, addresses, channel_token, options.addresses.admin)
     # Fork Envoy before gRPC starts its threads (forking a threaded gRPC process is unsafe).
     envoy = start_envoy(envoy_file, options.envoy_log_level)
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)

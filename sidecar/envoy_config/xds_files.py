@@ -20,16 +20,17 @@ configuration's clusters leave with the next publication.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sidecar.envoy_contract import EXT_PROC_CLUSTER, NO_TARGET_CLUSTER
 
-CDS_FILE = "cds.yaml"
-LDS_FILE = "lds.yaml"
+# JSON (a subset of YAML, which Envoy reads by the extension): emitted by the C encoder,
+# 26 MB of clusters for 1,000 groups × 5 targets in well under a second.
+CDS_FILE = "cds.json"
+LDS_FILE = "lds.json"
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 STATIC_CLUSTERS = (EXT_PROC_CLUSTER, NO_TARGET_CLUSTER)
@@ -63,6 +64,21 @@ class XdsFiles:
         self.version = 0
         self._current: dict[str, dict[str, Any]] = {}
 
+    @classmethod
+    def resume(cls, directory: Path) -> XdsFiles:
+        """Carry on from the files already there (another process wrote them: `sidecar
+        render-envoy --xds-dir`): their version goes on, their clusters count as the
+        previous publication."""
+        files = cls(directory)
+        try:
+            published = json.loads((directory / CDS_FILE).read_text())
+            files.version = int(published["version_info"])
+            files._current = {r["name"]: {k: v for k, v in r.items() if k != "@type"}
+                              for r in published["resources"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return files
+
     def publish(self, document: dict[str, Any]) -> list[str]:
         """Write the target clusters and listener of `document` (a full static bootstrap),
         keeping the previous publication's clusters one more round. Returns the names of
@@ -82,8 +98,7 @@ class XdsFiles:
     def _response(self, type_url: str, resources: list[dict[str, Any]]) -> str:
         body = {"version_info": str(self.version),
                 "resources": [{"@type": type_url, **resource} for resource in resources]}
-        return ("# Written by the sidecar on every reload; do not edit (docs/reload.md).\n"
-                + yaml.safe_dump(body, sort_keys=False, default_flow_style=False))
+        return json.dumps(body, separators=(",", ":"))
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -66,7 +66,7 @@ def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
         process = subprocess.Popen(
             [sys.executable, "-m", "sidecar", "serve", "--config", str(config),
              "--listen", f"127.0.0.1:{port}", "--admin-http", f"127.0.0.1:{free_port()}",
-             "--grpc-token-file", str(token)],
+             "--grpc-token-file", str(token), "--drain-seconds", "0.5"],
             stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

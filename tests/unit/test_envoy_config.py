@@ -20,8 +20,9 @@ from sidecar.dialects.errors import ClientError
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.compose import COMPOSE_ADDRESSES, SIDECAR_CONFIG, compose_files
 from sidecar.envoy_config.credentials import write_sds_files
+from sidecar.envoy_config.follow import recorded_addresses, start_xds
 from sidecar.envoy_config.local_replies import anthropic_type, openai_type
-from sidecar.envoy_config.render import bootstrap, render_envoy_yaml
+from sidecar.envoy_config.render import bootstrap, render_envoy_yaml, rendered_document
 from sidecar.envoy_contract import target_cluster_name
 
 REPO = Path(__file__).parent.parent.parent
@@ -56,6 +57,34 @@ def test_rendered_bootstrap_validates_with_real_envoy(variant: str, tmp_path: Pa
     addresses = EnvoyAddresses(secrets_dir=str(tmp_path / "secrets"))
     path.write_text(render_envoy_yaml(config, addresses))
     envoy_validate(path)
+
+
+def test_the_xds_files_bootstrap_validates_and_its_files_parse(tmp_path: Path) -> None:
+    """`render-envoy --xds-dir` (docs/reload.md §2): a bootstrap that validates with real
+    Envoy, files that hold every target cluster and the listener, and a second publication
+    that keeps the previous clusters one more round."""
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    write_sds_files(config, tmp_path / "secrets")
+    addresses = EnvoyAddresses(secrets_dir=str(tmp_path / "secrets"))
+    text, xds = start_xds(config, addresses, None, tmp_path / "xds")
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    envoy_validate(path)
+    bootstrap_doc = yaml.safe_load(text)
+    assert [c["name"] for c in bootstrap_doc["static_resources"]["clusters"]] == [
+        "sidecar_ext_proc", "sidecar_no_target"]
+    cds = json.loads((tmp_path / "xds" / "cds.json").read_text())
+    names = {r["name"] for r in cds["resources"]}
+    assert target_cluster_name("adaptive-agent", 0, "baseten") in names
+    assert json.loads((tmp_path / "xds" / "lds.json").read_text())["resources"][0]["@type"] \
+        .endswith("Listener")
+    smaller = load_config_text((FIXTURES / "spec_sample.yaml").read_text()
+                               .replace("adaptive-agent", "renamed"))
+    kept = set(xds.publish(rendered_document(smaller, addresses)))
+    published = {r["name"] for r in json.loads(
+        (tmp_path / "xds" / "cds.json").read_text())["resources"]}
+    assert published == names | kept and cds["version_info"] == "1"
+    assert recorded_addresses(tmp_path / "xds") == addresses
 
 
 def test_committed_compose_files_are_current() -> None:
@@ -126,7 +155,8 @@ def test_docker_compose_matches_the_repository() -> None:
 
 def test_one_cluster_per_target_and_tls_for_https_providers() -> None:
     config = load_config_file(FIXTURES / "spec_sample.yaml")
-    clusters = {c.name: c for c in bootstrap(config, EnvoyAddresses()).static_resources.clusters}
+    typed = bootstrap(config, EnvoyAddresses(), with_targets=True)
+    clusters = {c.name: c for c in typed.static_resources.clusters}
     for index, provider in enumerate(["baseten", "minimax", "openai"]):
         cluster = clusters[target_cluster_name("adaptive-agent", index, provider)]
         assert cluster.transport_socket.name == "envoy.transport_sockets.tls"
@@ -292,7 +322,8 @@ models:
     targets: [{provider: both, model_ref: m}]
     response_cache: {}
 """)
-    clusters = {c.name: c for c in bootstrap(config, EnvoyAddresses()).static_resources.clusters}
+    typed = bootstrap(config, EnvoyAddresses(), with_targets=True)
+    clusters = {c.name: c for c in typed.static_resources.clusters}
     base = target_cluster_name("g", 0, "both")
     assert {f"{base}__from_openai_chat_cached", f"{base}__from_anthropic_messages_cached",
             base} <= set(clusters)
@@ -304,5 +335,6 @@ models:
     targets: [{provider: both, model_ref: m}]
     response_cache: {enabled: false}
 """)
-    names = [c.name for c in bootstrap(without, EnvoyAddresses()).static_resources.clusters]
+    typed = bootstrap(without, EnvoyAddresses(), with_targets=True)
+    names = [c.name for c in typed.static_resources.clusters]
     assert not any(name.endswith("_cached") for name in names)
