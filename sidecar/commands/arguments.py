@@ -80,6 +80,14 @@ def parser() -> argparse.ArgumentParser:
                               help="the admin token, when the endpoint requires one")
     observations.add_argument("--format", choices=["table", "json"], default="table")
 
+    health = command("health", "exit 0 when a running sidecar's gRPC health is SERVING "
+                               "(container health checks)")
+    health.add_argument("--grpc", default=DEFAULT_EXT_PROC, type=host_port,
+                        help=f"the sidecar's gRPC address (default: {DEFAULT_EXT_PROC})")
+    health.add_argument("--service", default="",
+                        help="the service to ask about (default: the server as a whole)")
+    health.add_argument("--timeout", type=float, default=2.0)
+
     check = command("check-config", "validate a configuration file")
     check.add_argument("file", type=Path)
     check.add_argument("--secrets", action="store_true",

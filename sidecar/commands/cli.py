@@ -39,6 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         return _COMMANDS[args.command](args)
+    except ModuleNotFoundError as exc:
+        if args.command not in _DEVSTACK_COMMANDS or "devstack" not in str(exc.name):
+            raise
+        print(f"error: `sidecar {args.command}` is not part of this installation (the "
+              "sidecar's container image leaves the embedded stack out; use the "
+              "demo-providers image, or pip install model-group-sidecar[embedded])",
+              file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -104,7 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
                                       grpc_server=args.grpc_server, admin_token=admin_token)
-        reloader = enable_reload(sidecar, Path(args.config))
+        # The provider keys are Envoy's: the sidecar neither reads nor checks them.
+        reloader = enable_reload(sidecar, Path(args.config), check_keys=False)
         if args.xds_dir is not None:
             reloader.before_swap.append(serve_follower(
                 args.xds_dir.resolve(), channel_token, args.envoy_admin, config))
@@ -221,6 +230,23 @@ def _demo_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health(args: argparse.Namespace) -> int:
+    """A container health check: 0 when the sidecar's gRPC health says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(args.grpc) as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"not healthy: {exc.code().name}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    print(status)
+    return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def _telemetry_settings(args: argparse.Namespace) -> Telemetry | None:
     if args.db is not None:
         if not args.db.exists():
@@ -269,4 +295,7 @@ _COMMANDS = {
     "observations": _observations,
     "demo-providers": _demo_providers,
     "demo-config": _demo_config,
+    "health": _health,
 }
+# Commands of the embedded stack: the sidecar's container image leaves sidecar/devstack out.
+_DEVSTACK_COMMANDS = frozenset({"up", "demo-providers", "demo-config"})

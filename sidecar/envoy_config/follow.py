@@ -31,6 +31,7 @@ def start_xds(config: SidecarConfig, addresses: EnvoyAddresses, channel_token: s
     document = rendered_document(config, addresses, channel_token)
     xds.publish(document)
     (directory / ADDRESSES_FILE).write_text(json.dumps(dataclasses.asdict(addresses)))
+    (directory / ADDRESSES_FILE).chmod(0o600)
     return bootstrap_yaml(dynamic_bootstrap(document, directory)), xds
 
 

@@ -88,7 +88,7 @@ class XdsFiles:
         published = {**self._current, **clusters}
         self._current = clusters
         self.version += 1
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         _write_atomically(self.directory / CDS_FILE, self._response(
             CLUSTER_TYPE, list(published.values())))
         _write_atomically(self.directory / LDS_FILE, self._response(
@@ -102,8 +102,12 @@ class XdsFiles:
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Owner-only (the files carry the channel token), then renamed into place."""
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
     os.replace(partial, path)
 
 

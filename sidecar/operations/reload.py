@@ -2,7 +2,8 @@
 
 Triggered by SIGHUP, by a change of the configuration file, or by `POST /reload` on the
 admin endpoint (admin token required). The new file is loaded and validated exactly as
-`check-config --secrets` does; a file that fails is rejected with the same messages and the
+`check-config --secrets` does (`serve` leaves out the provider keys, which only its Envoy
+holds); a file that fails is rejected with the same messages and the
 running configuration keeps serving. A valid one is swapped in at once: requests from then
 on use it, requests under way finish on theirs (gateway/handler.py, `Pending.runtime`).
 
@@ -62,6 +63,9 @@ class Reloader:
     path: Path
     sidecar: RunningSidecar
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    # Whether the provider keys must be readable here: yes for `sidecar up` (it hands them
+    # to its Envoy); no for `serve`, whose Envoy holds keys the sidecar never sees.
+    check_keys: bool = True
     # Run before the swap, each may refuse it with a problem: the embedded stack hands
     # Envoy the new clusters there and waits until it has them.
     before_swap: list[Callable[[SidecarConfig], Awaitable[str | None]]] = field(
@@ -123,7 +127,7 @@ class Reloader:
         try:
             config = load_config_file(self.path)
             runtime = Runtime(config, self.environ)
-            problems = provider_key_problems(config, self.environ)
+            problems = provider_key_problems(config, self.environ) if self.check_keys else []
             if problems:
                 raise StartupError(problems)
         except ConfigError as exc:
@@ -182,11 +186,11 @@ async def watch(reloader: Reloader, interval_s: float = 2.0) -> None:
 
 
 def enable_reload(sidecar: RunningSidecar, path: Path,
-                  watch_interval_s: float | None = 2.0) -> Reloader:
+                  watch_interval_s: float | None = 2.0, check_keys: bool = True) -> Reloader:
     """Every way in: SIGHUP, the file changing (polled every `watch_interval_s`; None: not
     watched), and the admin endpoint's `POST /reload`. Outcomes in
     `sidecar_config_reloads_total{outcome}`."""
-    reloader = Reloader(path, sidecar)
+    reloader = Reloader(path, sidecar, check_keys=check_keys)
     sidecar.reloader = reloader
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[object]] = set()

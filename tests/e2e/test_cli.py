@@ -78,6 +78,11 @@ def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
             for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # The container health check compose runs.
+        checked = sidecar("health", "--grpc", f"127.0.0.1:{port}")
+        assert checked.returncode == 0 and checked.stdout.strip() == "SERVING"
+        assert sidecar("health", "--grpc", f"127.0.0.1:{free_port()}",
+                       "--timeout", "0.5").returncode == 1
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0
     finally:

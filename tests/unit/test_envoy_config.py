@@ -111,10 +111,15 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     assert main(moved) == 0
     token = (run / "grpc-token").read_text().strip()
     assert len(token) >= 32 and (run / "grpc-token").stat().st_mode & 0o077 == 0
-    bootstrap_text = (run / "envoy.yaml").read_text()
-    assert (run / "envoy.yaml").stat().st_mode & 0o077 == 0  # it carries the token
-    assert token in bootstrap_text
+    assert (run / "envoy.yaml").stat().st_mode & 0o077 == 0  # it may carry the token
     envoy_validate(run / "envoy.yaml")
+    # The listener and clusters come from the xDS folder the sidecar keeps current; they
+    # carry the token, owner-only like the rest.
+    xds = run / "xds"
+    assert token in (xds / "lds.json").read_text() and token in (xds / "cds.json").read_text()
+    assert all(p.stat().st_mode & 0o077 == 0 for p in xds.iterdir())
+    serve = services["sidecar"]["command"]
+    assert serve[serve.index("--xds-dir") + 1] == command[command.index("--xds-dir") + 1]
     sds = sorted((run / "secrets").iterdir())
     assert sds and all("SIDECAR_DEMO_PROVIDER_KEY" in p.read_text() for p in sds)
     flags = dict(zip(command[1::2], command[2::2], strict=False))
@@ -122,6 +127,13 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     assert flags["--admin"] == COMPOSE_ADDRESSES.admin == "127.0.0.1:9901"  # never published
     assert not any("9901" in port for port in services["envoy"].get("ports", []))
     assert flags["--ext-proc"] == COMPOSE_ADDRESSES.ext_proc
+    # Each long-running service has a health check, and waits for what it needs.
+    for name in ("demo-providers", "sidecar", "envoy"):
+        assert services[name]["healthcheck"]["test"][0] == "CMD", name
+    assert services["sidecar"]["healthcheck"]["test"][1:3] == ["sidecar", "health"]
+    assert services["envoy"]["depends_on"]["sidecar"] == {"condition": "service_healthy"}
+    assert services["sidecar"]["depends_on"]["demo-providers"] == {
+        "condition": "service_healthy"}
     assert flags["--secrets-dir"] == COMPOSE_ADDRESSES.secrets_dir
     # The sidecar reads the token that was made; Envoy gets the provider key, not the sidecar.
     serve = services["sidecar"]["command"]
