@@ -117,6 +117,23 @@ def parser() -> argparse.ArgumentParser:
                         help="bootstrap format (JSON renders a configuration of thousands "
                              "of targets several times faster)")
 
+    istio = command("render-istio", "print an EnvoyFilter that routes one host of an Istio "
+                                    "ingress gateway through the sidecar (docs/deploy.md)")
+    istio.add_argument("--config", type=Path, required=True)
+    istio.add_argument("--host", required=True,
+                       help="the gateway's virtual host, as Istio names it: host:port")
+    istio.add_argument("--gateway-label", action="append", default=[], metavar="KEY=VALUE",
+                       help="a label of the gateway pods (default: istio=ingressgateway)")
+    istio.add_argument("--ext-proc", required=True, type=host_port,
+                       help="where the gateway reaches the sidecar's gRPC port (its Service)")
+    istio.add_argument("--secrets-dir", default=DEFAULT_SECRETS_DIR,
+                       help="where the gateway pods have the providers' SDS files")
+    istio.add_argument("--ca-bundle", help=CA_HELP)
+    istio.add_argument("--grpc-token-file", type=Path,
+                       help="channel token the gateway presents to the sidecar")
+    istio.add_argument("--namespace", default="istio-system")
+    istio.add_argument("--output", type=Path, help="write here instead of stdout")
+
     explain = command("explain", "show the routing decision for one request body, and why")
     explain.add_argument("--config", type=Path, required=True)
     explain.add_argument("--request", type=Path, required=True,
