@@ -79,6 +79,9 @@ def test_the_pod_agrees_with_the_rendered_envoy_configuration() -> None:
     assert sidecar["ports"][0]["containerPort"] == grpc_port
     assert sidecar["readinessProbe"]["grpc"]["port"] == grpc_port
     assert envoy["ports"][0]["containerPort"] == listen_port
+    admin_port = split_host_port(render["admin"])[1]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert f"/dev/tcp/127.0.0.1/{admin_port}" in envoy[probe]["exec"]["command"][2]
     assert envoy["args"][envoy["args"].index("-c") + 1] == str(render["output"])
     service = resources()["Service"]["spec"]["ports"][0]
     assert service["targetPort"] == envoy["ports"][0]["name"]
