@@ -107,9 +107,9 @@ class ProcessStream:
         self._task = asyncio.get_running_loop().create_task(self._answer(call, ask))
 
     async def _answer(self, call: Call, ask: Ask) -> None:
-        external = self._gateway.external
-        assert external is not None
-        answer = await external.ask(ask.group, ask.query)
+        """Whatever happens, the call is answered and finished (a failure as the caller's
+        500), unless Envoy ended it first."""
+        answer = await ask.calls.ask(ask.group, ask.query)
         if self._closed:
             return
         started = perf_counter()

@@ -199,7 +199,8 @@ class Gateway:
             if candidates:  # none: `_decided` answers the 400 at once
                 query = self.external.builder(model)(summary, candidates, self._observations)
                 return Ask(model, query, lambda answer: self._decided(
-                    pending, model, group, parsed, summary, session, answer, cache))
+                    pending, model, group, parsed, summary, session, answer, cache),
+                    self.external)
         return self._decided(pending, model, group, parsed, summary, session, None, cache)
 
     def store_answer(self, slot: str, body: bytes, content_type: str) -> None:

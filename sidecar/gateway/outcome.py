@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from sidecar.routing.decision import Decision
 
 if TYPE_CHECKING:
+    from sidecar.external.client import ExternalCalls
     from sidecar.external.v1.router_pb2 import RankRequest
     from sidecar.routing.strategies import ExternalAnswer
 
@@ -68,3 +69,5 @@ class Ask:
     group: str
     query: RankRequest
     resume: Callable[[ExternalAnswer], Reply | Forward]
+    # The routing services the request started with (a reload may replace them).
+    calls: ExternalCalls
