@@ -26,6 +26,35 @@ class UnreadableAnswer(ValueError):
     """The upstream answer is not what its dialect promises: the caller gets a 502."""
 
 
+def present(body: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of `body` among `keys` that are set (not null): those both dialects
+    spell the same and carry over as they are."""
+    return {key: body[key] for key in keys if body.get(key) is not None}
+
+
+def translated_parts(content: object, where: str, target: str,
+                     text: Callable[[dict[str, Any]], dict[str, Any]],
+                     image: Callable[[dict[str, Any], str], dict[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """An OpenAI Chat content list (or string) part by part: `text(part)` for text,
+    `image(part, path)` for `image_url`; any other part cannot cross to `target`."""
+    if isinstance(content, str):
+        return [text({"type": "text", "text": content})]
+    if not isinstance(content, list):
+        raise Untranslatable(where, "a string or a list of parts is required")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append(text(part))
+        elif kind == "image_url":
+            parts.append(image(part, f"{where}[{j}].image_url"))
+        else:
+            raise Untranslatable(f"{where}[{j}].type",
+                                 f"{str(kind)[:20]!r} parts are not bridged to {target}")
+    return parts
+
+
 def translated_tools(tools: object,
                      convert: Callable[[object, str], dict[str, Any]]) -> list[dict] | None:
     """Each tool of a request converted (`convert(tool, path)`), or None when there are none."""

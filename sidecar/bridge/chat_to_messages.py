@@ -8,7 +8,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
+from sidecar.bridge import (
+    UnreadableAnswer,
+    Untranslatable,
+    joined_text,
+    present,
+    translated_parts,
+    translated_tools,
+)
 from sidecar.bridge.messages_to_chat import chat_assistant_message
 
 DEFAULT_MAX_TOKENS = 4096
@@ -40,9 +47,7 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
         out["system"] = system
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     out["max_tokens"] = max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None:
-            out[key] = body[key]
+    out.update(present(body, ("temperature", "top_p")))
     if isinstance(out.get("temperature"), int | float) and out["temperature"] > 1:
         raise Untranslatable("temperature", "Anthropic Messages takes 0 to 1")
     _reasoning(body, out)
@@ -117,21 +122,10 @@ def _text_only(content: object, where: str) -> str:
 
 
 def _user_blocks(content: object, where: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise Untranslatable(where, "a string or a list of parts is required")
-    blocks = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            blocks.append({"type": "text", "text": str(part.get("text", ""))})
-        elif kind == "image_url":
-            blocks.append(_image(part.get("image_url"), f"{where}[{j}].image_url"))
-        else:
-            raise Untranslatable(f"{where}[{j}].type",
-                                 f"{str(kind)[:20]!r} parts are not bridged to Anthropic")
-    return blocks
+    return translated_parts(
+        content, where, "Anthropic",
+        lambda part: {"type": "text", "text": str(part.get("text", ""))},
+        lambda part, path: _image(part.get("image_url"), path))
 
 
 def _image(image: object, where: str) -> dict[str, Any]:

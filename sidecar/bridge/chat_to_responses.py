@@ -13,7 +13,14 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import UnreadableAnswer, Untranslatable, joined_text, translated_tools
+from sidecar.bridge import (
+    UnreadableAnswer,
+    Untranslatable,
+    joined_text,
+    present,
+    translated_parts,
+    translated_tools,
+)
 
 _DROPPED = frozenset({"metadata", "store", "service_tier", "stream_options"})
 _HANDLED = frozenset({"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
@@ -46,9 +53,7 @@ def request(body: Mapping[str, Any], previous_response_id: str | None) -> dict[s
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     if isinstance(cap, int):
         out["max_output_tokens"] = cap
-    for key in ("temperature", "top_p", "parallel_tool_calls", "user"):
-        if body.get(key) is not None:
-            out[key] = body[key]
+    out.update(present(body, ("temperature", "top_p", "parallel_tool_calls", "user")))
     if body.get("reasoning_effort") is not None:
         out["reasoning"] = {"effort": body["reasoning_effort"]}
     tools = translated_tools(body.get("tools"), _tool)
@@ -103,19 +108,17 @@ def _items(messages: list[Any]) -> tuple[str, list[dict[str, Any]]]:
 def _parts(content: object, where: str) -> object:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise Untranslatable(where, "a string or a list of parts is required")
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            parts.append({"type": "input_text", "text": str(part.get("text", ""))})
-        elif kind == "image_url" and isinstance(part.get("image_url"), dict):
-            parts.append({"type": "input_image", "image_url": str(part["image_url"].get("url"))})
-        else:
-            raise Untranslatable(f"{where}[{j}].type", f"{str(kind)[:20]!r} parts are not "
-                                 "bridged to OpenAI Responses")
-    return parts
+    return translated_parts(
+        content, where, "OpenAI Responses",
+        lambda part: {"type": "input_text", "text": str(part.get("text", ""))},
+        _input_image)
+
+
+def _input_image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    image = part.get("image_url")
+    if not isinstance(image, dict):
+        raise Untranslatable(where, "an object with a url is required")
+    return {"type": "input_image", "image_url": str(image.get("url"))}
 
 
 def _tool(tool: object, where: str) -> dict[str, Any]:

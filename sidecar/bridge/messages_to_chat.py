@@ -12,6 +12,7 @@ from sidecar.bridge import (
     Untranslatable,
     chat_answer,
     joined_text,
+    present,
     translated_tools,
 )
 
@@ -40,9 +41,7 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if isinstance(body.get("max_tokens"), int):
         out["max_tokens"] = body["max_tokens"]
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None:
-            out[key] = body[key]
+    out.update(present(body, ("temperature", "top_p")))
     stops = body.get("stop_sequences")
     if stops:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.bridge import Untranslatable, chat_answer, joined_text, translated_tools
+from sidecar.bridge import (
+    Untranslatable,
+    chat_answer,
+    joined_text,
+    present,
+    translated_tools,
+)
 
 _DROPPED = frozenset({"metadata", "store", "service_tier", "include", "truncation"})
 _HANDLED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
@@ -33,9 +39,7 @@ def request(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if isinstance(body.get("max_output_tokens"), int):
         out["max_tokens"] = body["max_output_tokens"]
-    for key in ("temperature", "top_p", "parallel_tool_calls", "user"):
-        if body.get(key) is not None:
-            out[key] = body[key]
+    out.update(present(body, ("temperature", "top_p", "parallel_tool_calls", "user")))
     tools = translated_tools(body.get("tools"), _tool)
     if tools is not None:
         out["tools"] = tools

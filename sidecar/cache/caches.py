@@ -18,8 +18,7 @@ MAX_SLOTS = 10_000
 
 
 def cached_groups(config: SidecarConfig) -> list[str]:
-    return [name for name, group in config.models.items()
-            if group.response_cache is not None and group.response_cache.enabled]
+    return [name for name, group in config.models.items() if group.caches_responses]
 
 
 class ResponseCaches:
@@ -30,6 +29,18 @@ class ResponseCaches:
         self.stores = {name: AnswerStore(config.models[name].response_cache, clock)  # type: ignore[arg-type]
                        for name in self._shared}
         self.slots = Slots(MAX_SLOTS, max_request_s, clock)
+
+    @classmethod
+    def for_config(cls, config: SidecarConfig, max_request_s: float,
+                   previous: ResponseCaches | None = None) -> ResponseCaches | None:
+        """The caches `config` needs (None: no group has one), keeping what `previous`
+        (the configuration before a reload) holds that still applies."""
+        if not cached_groups(config):
+            return None
+        caches = cls(config, max_request_s)
+        if previous is not None:
+            caches.carry_over(previous)
+        return caches
 
     def carry_over(self, previous: ResponseCaches) -> None:
         """After a reload: a group whose cache settings did not change keeps its answers

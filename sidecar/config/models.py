@@ -238,6 +238,11 @@ class ModelGroup(StrictModel):
         return self
 
     @property
+    def caches_responses(self) -> bool:
+        """Whether the group answers repeated requests from its response cache."""
+        return self.response_cache is not None and self.response_cache.enabled
+
+    @property
     def dynamic_score(self) -> DynamicScorePolicy:
         """The group's dynamic-score policy, defaults filled in when the block is absent
         (one shared frozen instance: building a policy per request would cost ~100 µs)."""
@@ -384,6 +389,13 @@ class SidecarConfig(StrictModel):
     def deadline_seconds(self, group: ModelGroup) -> float:
         """How long all of a request's attempts together may take in `group`."""
         return group.fallback.deadline_seconds or self.limits.request_timeout_seconds
+
+    @property
+    def target_prices(self) -> dict[str, Pricing]:
+        """Each priced target's pricing by its label (`provider/model_ref`): what telemetry
+        and quotas cost a finished request with."""
+        return {f"{t.provider}/{t.model_ref}": t.pricing
+                for group in self.models.values() for t in group.targets if t.pricing}
 
     def target_dialects(self, target: Target) -> list[Dialect]:
         """Dialects `target` serves natively: its `api` if pinned, else all its provider's."""

@@ -204,7 +204,6 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
     # A bounded reply is held until complete, so one that breaks is retried.
     held = hold_bounded_replies(held_reply_limit(config.limits.max_request_body_bytes))
     for group_name, group in config.models.items():
-        cached = group.response_cache is not None and group.response_cache.enabled
         for index, target in enumerate(group.targets):
             provider = config.providers[target.provider]
             dialects = tuple(config.target_dialects(target))
@@ -223,7 +222,8 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
 
             yield (target_cluster_name(group_name, index, target.provider),
                    (target.provider, dialects, "native"), native)
-            for processed in processed_routes(dialects, group.bridges, cached):
+            for processed in processed_routes(dialects, group.bridges,
+                                              group.caches_responses):
                 # A session never retries: its key may be stripped before the provider.
                 also = (SESSION_KEY_HEADER,) if processed.kind == "session" else ()
 

@@ -19,11 +19,15 @@ configuration's clusters leave with the next publication.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from sidecar.envoy_contract import EXT_PROC_CLUSTER, NO_TARGET_CLUSTER
 
@@ -115,11 +119,6 @@ async def wait_for_clusters(admin_address: str, names: list[str],
                             timeout_s: float = 15.0) -> str | None:
     """Poll Envoy's admin `/clusters` until every one of `names` is there; a problem
     (for the reload's answer) if they are not within `timeout_s`."""
-    import asyncio
-    import time
-
-    import httpx
-
     wanted = set(names)
     have: set[str] = set()
     deadline = time.monotonic() + timeout_s

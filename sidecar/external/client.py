@@ -119,6 +119,18 @@ class ExternalCalls:
             self._groups[name] = _Group(policy, QueryBuilder(group), ranker)
         self.outcomes: Counter[tuple[str, str]] = Counter()
 
+    @classmethod
+    def for_config(cls, config: SidecarConfig,
+                   previous: ExternalCalls | None = None) -> ExternalCalls | None:
+        """The clients `config` needs (None: no external group), counting on where
+        `previous` (the configuration before a reload) left off."""
+        if not any(group.strategy == "external" for group in config.models.values()):
+            return None
+        calls = cls(config)
+        if previous is not None:
+            calls.outcomes = previous.outcomes
+        return calls
+
     def __contains__(self, group: str) -> bool:
         return group in self._groups
 

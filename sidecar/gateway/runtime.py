@@ -128,8 +128,8 @@ class Runtime:
                                         model_ref=target.model_ref)
                     self.routes[(group_name, index, dialect)] = route
                     self.cluster_routes[(cluster, dialect)] = route
-                cached = group.response_cache is not None and group.response_cache.enabled
-                self._add_processed(config, group_name, index, target, group.bridges, cached)
+                self._add_processed(config, group_name, index, target, group.bridges,
+                                    group.caches_responses)
         self.forwarded_headers = forwarded_request_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
         # bootstrap is not the rendered one, and a key reached the sidecar.

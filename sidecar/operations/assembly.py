@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sidecar.cache.caches import ResponseCaches, cached_groups
+from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.metrics import add_cache_metrics
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
@@ -134,9 +134,7 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     settings = config.telemetry
     metrics = Metrics(store)
     spans = RequestSpans(settings.traces) if settings.traces is not None else None
-    prices = {f"{t.provider}/{t.model_ref}": t.pricing
-              for group in config.models.values() for t in group.targets if t.pricing}
-    build = RowBuilder(prices)
+    build = RowBuilder(config.target_prices)
     observers: list[Callable[[RequestRow | FallbackRow], object]] = [metrics.record]
     if spans is not None:
         observers.append(lambda row: spans.record(row) if isinstance(row, RequestRow) else None)
@@ -173,10 +171,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     telemetry = (telemetry_for(config, store)
                  if enabled and config.telemetry.enabled else None)
     joiner = telemetry.joiner if telemetry is not None else None
-    external = (ExternalCalls(config)
-                if any(g.strategy == "external" for g in config.models.values()) else None)
-    caches = (ResponseCaches(config, longest_request_s(config))
-              if cached_groups(config) else None)
+    external = ExternalCalls.for_config(config)
+    caches = ResponseCaches.for_config(config, longest_request_s(config))
     # Always there (a reload may give a caller quotas); a caller without any costs one
     # dictionary lookup.
     quotas = Quotas(config, longest_request_s(config))

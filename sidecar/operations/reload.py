@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.cache.caches import ResponseCaches, cached_groups
+from sidecar.cache.caches import ResponseCaches
 from sidecar.config import ConfigError, load_config_file
 from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import SecretError
@@ -143,29 +143,16 @@ def apply(sidecar: RunningSidecar, config: SidecarConfig, runtime: Runtime) -> N
     """Swap `runtime` in, carrying over what still holds (module docstring)."""
     gateway = sidecar.gateway
     runtime.router.carry_over(gateway.runtime.router)
-    external = gateway.external
-    if any(g.strategy == "external" for g in config.models.values()):
-        fresh = ExternalCalls(config)
-        fresh.outcomes = external.outcomes if external is not None else fresh.outcomes
-        external, retired = fresh, external
-    else:
-        external, retired = None, external
-    if retired is not None:
-        sidecar.retire(retired)
-    caches = None
-    if cached_groups(config):
-        caches = ResponseCaches(config, sidecar.max_request_s)
-        if gateway.caches is not None:
-            caches.carry_over(gateway.caches)
-    gateway.swap(runtime, external, caches)
+    if gateway.external is not None:
+        sidecar.retire(gateway.external)
+    gateway.swap(runtime, ExternalCalls.for_config(config, gateway.external),
+                 ResponseCaches.for_config(config, sidecar.max_request_s, gateway.caches))
     if sidecar.receiver is not None:
         sidecar.receiver.remap(runtime.cluster_targets, runtime.cluster_groups)
     if gateway.quotas is not None:
         gateway.quotas.reconfigure(config)
     if sidecar.telemetry is not None:
-        sidecar.telemetry.build.reprice({f"{t.provider}/{t.model_ref}": t.pricing
-                                         for g in config.models.values()
-                                         for t in g.targets if t.pricing})
+        sidecar.telemetry.build.reprice(config.target_prices)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

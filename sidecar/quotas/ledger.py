@@ -33,9 +33,7 @@ class QuotaLedger:
         self.unclaimed = 0
 
     def configure(self, config: SidecarConfig) -> None:
-        self._prices = {f"{t.provider}/{t.model_ref}": t.pricing
-                        for group in config.models.values() for t in group.targets
-                        if t.pricing}
+        self._prices = config.target_prices
 
     def __len__(self) -> int:
         return len(self._pending)
