@@ -77,7 +77,8 @@ class Gateway:
         self.external = external
         # The response caches of groups that have one (docs/cache.md).
         self.caches = caches
-        # Caller quotas (docs/quotas.md); None when no caller has any.
+        # Caller quotas (docs/quotas.md): always there in a running sidecar (a reload may
+        # give a caller quotas); None only where a test leaves them out.
         self.quotas = quotas
         self._retired: tuple[Runtime, ...] = ()
         self._observations = observations
