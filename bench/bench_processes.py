@@ -68,9 +68,11 @@ def _descendants(pid: int) -> list[int]:
 
 @dataclass
 class Processes:
-    """Named processes of one row; a name's CPU includes its descendants (workers)."""
+    """Named processes of one row; a name's CPU includes its descendants (workers), except
+    for the names in `apart`, whose descendants are reported as `<name>_children`."""
 
     named: dict[str, subprocess.Popen] = field(default_factory=dict)
+    apart: frozenset[str] = frozenset()
 
     def add(self, name: str, process: subprocess.Popen) -> None:
         self.named[name] = process
@@ -78,11 +80,16 @@ class Processes:
     def cpu_seconds(self) -> dict[str, float]:
         totals = {}
         for name, process in self.named.items():
-            total = 0.0
-            for pid in [process.pid, *_descendants(process.pid)]:
-                with contextlib.suppress(OSError):  # a worker that just exited
-                    total += cpu_seconds(pid)
-            totals[name] = total
+            own = [process.pid]
+            children = _descendants(process.pid)
+            groups = {name: own, f"{name}_children": children} if name in self.apart else {
+                name: own + children}
+            for label, pids in groups.items():
+                total = 0.0
+                for pid in pids:
+                    with contextlib.suppress(OSError):  # a worker that just exited
+                        total += cpu_seconds(pid)
+                totals[label] = total
         return totals
 
     def peak_rss_mb(self, name: str) -> float:
@@ -207,7 +214,8 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
                   token: str, processes: int = 1, extra_config: str = "",
-                  config_text: str | None = None) -> tuple[Processes, int]:
+                  config_text: str | None = None, apart: frozenset[str] = frozenset()
+                  ) -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
     spreads the ext_proc streams over them). `extra_config`: top-level YAML appended;
     `config_text`: a whole configuration instead of the SPEC's group."""
@@ -218,7 +226,7 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
     grpc_ports = [free_port() for _ in range(processes)]
     token_file = workdir / f"sidecar-{strategy}.grpc-token"
     token = ensure_channel_token(token_file)
-    running = Processes()
+    running = Processes(apart=apart)
     for index, grpc_port in enumerate(grpc_ports):
         admin_http = free_port()
         running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(

@@ -3,13 +3,14 @@ real sidecar (SPEC dynamic_score group), with telemetry off and with telemetry o
 rows alternating round by round in one run, all on loopback.
 
 Per row, as in side_by_side.py: requests/s at concurrency 32, p50/p99 latency at
-concurrency 1 and 32, stream time to first event, CPU seconds per 1,000 requests of Envoy
-and of the sidecar. The noise is the spread between rounds of the same row; the report
-sets the on/off difference beside it, and checks that the "on" rows wrote one joined row
-per request.
+concurrency 1 and 32, stream time to first event, CPU seconds per 1,000 requests of Envoy,
+of the sidecar process (the request path) and of its telemetry worker process (beside it).
+The noise is measured, not guessed: `--control` adds a second "off" row, and the report
+sets off-vs-off (A/A) beside on-vs-off, round by round. It also checks that the "on" rows
+wrote one joined row per request.
 
-Usage:  .venv/bin/python bench/telemetry_cost.py [--rounds 3] [--seconds 5] [--output F]
-        (wrk from Debian's package must be installed)
+Usage:  .venv/bin/python bench/telemetry_cost.py [--rounds 3] [--seconds 5] [--control]
+        [--output F]   (wrk from Debian's package must be installed)
 """
 
 from __future__ import annotations
@@ -27,22 +28,33 @@ from side_by_side import CHAT_PATH, EVENT_SPACING_MS, STREAM_EVENTS, Row, Starte
 from sidecar.devstack.harness import ProviderThread
 
 KEYS = ("rps_c32", "p50_c1", "p99_c1", "p50_c32", "p99_c32", "ttfb_p50", "cpu_sidecar",
-        "cpu_envoy")
+        "cpu_envoy", "cpu_worker", "cpu_all")
 
 
-def rows(fast_port: int, drip: ProviderThread, workdir: Path) -> list[Row]:
+def rows(fast_port: int, drip: ProviderThread, workdir: Path, control: bool) -> list[Row]:
     drip_url = drip.base_url("drip")
 
     def sidecar(telemetry: str) -> Callable[[Path], Started]:
         def start(work: Path) -> Started:
             processes, port = sidecar_stack(work, "dynamic_score", fast_port, drip_url, TOKEN,
-                                            extra_config=telemetry)
+                                            extra_config=telemetry,
+                                            apart=frozenset({"sidecar"}))
             return Started(processes, port, "adaptive-agent", port, CHAT_PATH, "stream-group")
         return start
 
     db = workdir / "telemetry.db"
-    return [Row("telemetry off", sidecar("")),
-            Row("telemetry on (SQLite)", sidecar(f"telemetry: {{sqlite_path: '{db}'}}\n"))]
+    table = [Row("telemetry off", sidecar("")),
+             Row("telemetry on (SQLite)", sidecar(f"telemetry: {{sqlite_path: '{db}'}}\n"))]
+    if control:
+        table.append(Row("telemetry off (control)", sidecar("")))
+    return table
+
+
+def with_totals(result: dict[str, float]) -> dict[str, float]:
+    """The worker's CPU (the sidecar's child process), and everything the stack used."""
+    worker = result.get("cpu_sidecar_children", 0.0)
+    return {**result, "cpu_worker": worker,
+            "cpu_all": result["cpu_sidecar"] + worker + result["cpu_envoy"]}
 
 
 def spread(values: list[float]) -> float:
@@ -53,28 +65,40 @@ def spread(values: list[float]) -> float:
 _HIGHER_IS_BETTER = {"rps_c32"}
 
 
+def ratio(a: list[float], b: list[float]) -> float:
+    ma, mb = statistics.median(a), statistics.median(b)
+    return mb / ma if ma else float("nan")
+
+
 def report(table: list[Row], rounds: int, seconds: float, written: int) -> str:
     """Medians, and the rounds paired (each round ran off then on, back to back): an effect
-    that shows in every pair is not noise, whatever the spread between rounds."""
-    off, on = table
+    that shows in every pair is not noise, whatever the spread between rounds. With a
+    control row, off vs off (A/A) shows what noise alone does to the same figures."""
+    off, on, *control = table
+    head = "| figure | off median (spread) | on median (spread) | on / off |"
+    rule = "| --- | --- | --- | --- |"
+    if control:
+        head += " control / off (A/A) |"
+        rule += " --- |"
     lines = [f"## Telemetry on vs off: {rounds} alternating rounds, {seconds:g} s per load "
-             "phase", "",
-             "| figure | off median (spread) | on median (spread) | on / off | on − off per "
-             "round | rounds where on is worse |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "phase", "", head + " on − off per round | rounds where on is worse |",
+             rule + " --- | --- |"]
     for key in KEYS:
         a = [r[key] for r in off.results]
         b = [r[key] for r in on.results]
-        ma, mb = statistics.median(a), statistics.median(b)
         pairs = [y - x for x, y in zip(a, b, strict=True)]
         worse = sum(d < 0 if key in _HIGHER_IS_BETTER else d > 0 for d in pairs)
-        lines.append(f"| {key} | {ma:.3f} (±{spread(a):.3f}) | {mb:.3f} (±{spread(b):.3f}) | "
-                     f"{mb / ma if ma else float('nan'):.3f} | "
-                     f"{', '.join(f'{d:+.3f}' for d in pairs)} | {worse} of {len(pairs)} |")
+        line = (f"| {key} | {statistics.median(a):.3f} (±{spread(a):.3f}) | "
+                f"{statistics.median(b):.3f} (±{spread(b):.3f}) | {ratio(a, b):.3f} |")
+        if control:
+            line += f" {ratio(a, [r[key] for r in control[0].results]):.3f} |"
+        lines.append(line + f" {', '.join(f'{d:+.3f}' for d in pairs)} | "
+                     f"{worse} of {len(pairs)} |")
     lines += ["",
               f"Rows written by the 'on' sidecars: {written:,} request rows.",
-              "CPU figures are seconds per 1,000 requests (`cpu_sidecar` is the sidecar "
-              "process, its writer thread included); latencies in ms. Streams: "
+              "CPU figures are seconds per 1,000 requests: `cpu_sidecar` is the sidecar "
+              "process (the request path), `cpu_worker` its telemetry worker process, "
+              "`cpu_all` both and Envoy; latencies in ms. Streams: "
               f"{STREAM_EVENTS} events {EVENT_SPACING_MS:g} ms apart."]
     return "\n".join(lines) + "\n"
 
@@ -84,14 +108,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--streams", type=int, default=30)
+    parser.add_argument("--control", action="store_true",
+                        help="a second 'off' row, for the off-vs-off noise")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     def written(workdir: Path) -> int:
         with sqlite3.connect(workdir / "telemetry.db") as db:
             return db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
 
-    table, count = alternate(rows, args.rounds, args.seconds, args.streams, written)
+    table, count = alternate(
+        lambda port, drip, workdir: rows(port, drip, workdir, args.control),
+        args.rounds, args.seconds, args.streams, written)
     assert isinstance(count, int)
+    for row in table:
+        row.results = [with_totals(result) for result in row.results]
     publish(report(table, args.rounds, args.seconds, count), args.output)
     return 0
 

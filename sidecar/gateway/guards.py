@@ -14,8 +14,7 @@ from sidecar.gateway.pending import Pending
 from sidecar.quotas.admission import refusal_error
 from sidecar.quotas.counters import Refusal
 from sidecar.routing.request import RequestSummary
-from sidecar.telemetry.join import Joiner
-from sidecar.telemetry.rows import DecisionFacts
+from sidecar.telemetry.rows import DecisionFacts, DecisionSink
 
 # Request fields that name state stored at the provider (OpenAI Responses).
 PROVIDER_STATE_KEYS = ("previous_response_id", "conversation")
@@ -31,7 +30,7 @@ class CacheVisit:
     slot: str | None = None
 
 
-def cache_visit(caches: ResponseCaches | None, telemetry: Joiner | None, pending: Pending,
+def cache_visit(caches: ResponseCaches | None, telemetry: DecisionSink | None, pending: Pending,
                 model: str, summary: RequestSummary, payload: dict[str, Any],
                 session: bool) -> CacheVisit | Reply:
     """A cached answer (a Reply: no decision, no upstream call), or how the miss or bypass
@@ -54,7 +53,7 @@ def cache_visit(caches: ResponseCaches | None, telemetry: Joiner | None, pending
     return CacheVisit("miss", slot)
 
 
-def quota_refusal(telemetry: Joiner | None, pending: Pending, model: str,
+def quota_refusal(telemetry: DecisionSink | None, pending: Pending, model: str,
                   refusal: Refusal) -> Reply:
     """Over a quota: 429 with retry-after, and a telemetry row naming the limit."""
     if telemetry is not None and pending.request_id:

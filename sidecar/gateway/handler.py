@@ -52,8 +52,7 @@ from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import ExternalAnswer
-from sidecar.telemetry.join import Joiner
-from sidecar.telemetry.rows import DecisionFacts
+from sidecar.telemetry.rows import DecisionFacts, DecisionSink
 
 log = logging.getLogger("sidecar.gateway")
 _limited = LogLimiter(log, burst=10, interval=60.0)
@@ -68,7 +67,7 @@ RETIRED_KEPT = 2
 
 class Gateway:
     def __init__(self, runtime: Runtime, observations: ObservationView = EMPTY_SNAPSHOT,
-                 log_decisions: bool = False, telemetry: Joiner | None = None,
+                 log_decisions: bool = False, telemetry: DecisionSink | None = None,
                  external: ExternalCalls | None = None,
                  caches: ResponseCaches | None = None, quotas: Quotas | None = None) -> None:
         self._runtime = runtime

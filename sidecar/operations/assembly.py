@@ -4,7 +4,6 @@ access logs, health) and the admin HTTP endpoint. Used by `sidecar serve` and `s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,17 +21,17 @@ from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver, FanOut
 from sidecar.observe.store import ObservationStore
 from sidecar.operations.admin import AdminServer, check_exposure
+from sidecar.operations.log_format import current as log_format_now
 from sidecar.quotas.admission import Quotas
 from sidecar.quotas.metrics import add_quota_metrics
 from sidecar.routing.router import Router
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
-from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.handoff import TelemetryHandoff
 from sidecar.telemetry.metrics import Metrics
-from sidecar.telemetry.rows import FallbackRow, JoinedRequest, RequestRow, RowBuilder
-from sidecar.telemetry.store import TelemetryStore
+from sidecar.telemetry.rows import price_records
 from sidecar.telemetry.traces import RequestSpans
-from sidecar.telemetry.writer import TelemetryWriter
+from sidecar.telemetry.worker import Start
 
 # How long a replaced external routing client stays open for calls already waiting (the
 # deadline of any call is below Envoy's message timeout, at most 60 s).
@@ -45,35 +44,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Telemetry:
-    """The join, its metrics and (when a store is set) its writer (docs/telemetry.md)."""
+    """The hand-over to the telemetry worker process and the metrics it reports into
+    (docs/telemetry.md)."""
 
-    joiner: Joiner
+    handoff: TelemetryHandoff
     metrics: Metrics
-    writer: TelemetryWriter
-    build: RowBuilder
-    spans: RequestSpans | None = None
-    sweeper: asyncio.Task[None] | None = None
-
-    async def sweep_forever(self, every_s: float = 5.0) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            self.joiner.sweep()
 
     async def stop(self) -> None:
-        if self.sweeper is not None:
-            self.sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.sweeper
-        await asyncio.to_thread(self.writer.close)
-        if self.spans is not None:
-            await asyncio.to_thread(self.spans.close)
-
-    def gauges(self) -> dict[str, float]:
-        return {"telemetry_pending_joins": float(len(self.joiner)),
-                "telemetry_joins_evicted": float(self.joiner.evicted),
-                "telemetry_queue_depth": float(self.writer.depth),
-                **{f"telemetry_dropped_{reason}": float(n)
-                   for reason, n in self.writer.dropped.items()}}
+        await self.handoff.stop()
 
 
 @dataclass
@@ -130,27 +108,19 @@ def longest_request_s(config: SidecarConfig) -> float:
 
 
 def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
-    """The join, feeding the writer and the /metrics counters."""
+    """The hand-over to a worker process that joins, counts, traces and stores the rows.
+    Raises what the settings would raise in the worker (an unreadable DSN, a missing extra)
+    here, at start, rather than there."""
     settings = config.telemetry
+    open_database(settings)
+    if settings.traces is not None:
+        RequestSpans.check_available()
     metrics = Metrics(store)
-    spans = RequestSpans(settings.traces) if settings.traces is not None else None
-    build = RowBuilder(config.target_prices)
-    observers: list[Callable[[RequestRow | FallbackRow], object]] = [metrics.record]
-    if spans is not None:
-        observers.append(lambda row: spans.record(row) if isinstance(row, RequestRow) else None)
-    # Rows are built, counted and traced on the writer thread, off the event loop.
-    writer = TelemetryWriter(
-        TelemetryStore(open_database(settings), settings.replica, settings.raw_retention_days),
-        queue_size=settings.queue_size, prepare=build, observers=observers,
-        maintenance_interval_s=settings.rollup_interval_minutes * 60).start()
-
-    def emit(item: JoinedRequest | FallbackRow) -> None:
-        if not writer.offer(item):  # full: the row is lost, its counters are not
-            metrics.record(build(item))
-
-    joiner = Joiner(emit, max_pending=settings.max_pending,
-                    max_age_s=longest_request_s(config))
-    return Telemetry(joiner, metrics, writer, build, spans)
+    level, log_format = log_format_now()
+    start = Start(settings, longest_request_s(config), price_records(config.target_prices),
+                  level, log_format)
+    handoff = TelemetryHandoff(start, metrics.add_counts, settings.queue_size)
+    return Telemetry(handoff, metrics)
 
 
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
@@ -167,18 +137,17 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     check_exposure(host, admin_token)
     store = observation_store(config)
     enabled = config.observations.enabled
-    # The join costs ~20 µs of sidecar CPU per request (docs/telemetry.md): only when on.
     telemetry = (telemetry_for(config, store)
                  if enabled and config.telemetry.enabled else None)
-    joiner = telemetry.joiner if telemetry is not None else None
+    handoff = await telemetry.handoff.start() if telemetry is not None else None
     external = ExternalCalls.for_config(config)
     caches = ResponseCaches.for_config(config, longest_request_s(config))
     # Always there (a reload may give a caller quotas); a caller without any costs one
     # dictionary lookup.
     quotas = Quotas(config, longest_request_s(config))
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
-                      telemetry=joiner, external=external, caches=caches, quotas=quotas)
-    sinks = [sink for sink in (joiner, quotas.ledger) if sink is not None]
+                      telemetry=handoff, external=external, caches=caches, quotas=quotas)
+    sinks = [sink for sink in (handoff, quotas.ledger) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=FanOut(sinks))
@@ -193,7 +162,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         raise
     metrics = telemetry.metrics if telemetry is not None else Metrics(store)
     if telemetry is not None:
-        metrics.add_gauges(telemetry.gauges)
+        metrics.add_gauges(telemetry.handoff.gauges)
     metrics.add_gauges(lambda: {f"grpc_{name}": float(value)
                                 for name, value in server.counters.as_dict().items()})
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
@@ -212,8 +181,6 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         if telemetry is not None:
             await telemetry.stop()
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
-    if telemetry is not None:
-        telemetry.sweeper = asyncio.get_running_loop().create_task(telemetry.sweep_forever())
     return RunningSidecar(server, admin, store, gateway, receiver, quotas,
                           longest_request_s(config), metrics, processor, telemetry)
 

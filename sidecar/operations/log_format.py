@@ -54,3 +54,10 @@ def configure(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def current() -> tuple[str, str]:
+    """This process's level and format, for a child process to log the same way."""
+    root = logging.getLogger()
+    json_lines = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return logging.getLevelName(root.level), "json" if json_lines else "text"

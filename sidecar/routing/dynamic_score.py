@@ -31,7 +31,7 @@ from sidecar.routing.signals import (
     request_shape_buckets,
 )
 from sidecar.routing.thresholds import least_bad, threshold_violation
-from sidecar.routing.trace import CandidateTrace, DecisionTrace
+from sidecar.routing.trace import CandidateTrace, DecisionTrace, Figures
 from sidecar.routing.weighted import WeightedRotation
 
 _SIGNAL_NAMES = ("request_shape", "prompt_features", "complexity", "observed_performance",
@@ -137,7 +137,7 @@ class DynamicScore:
         if signals.request_shape.enabled:
             trace.request_shape = request_shape_buckets(request)
         features = self._features_of(request)
-        trace.prompt_features = tuple(sorted(features))
+        trace.prompt_features = tuple(sorted(feature.value for feature in features))
         bucket = complexity(request, features, signals)
         trace.complexity = bucket.bucket.value if bucket else None
 
@@ -167,6 +167,7 @@ class DynamicScore:
         blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot)
         trace.cold_start = blend.cold_start
         trace.defer_candidates(partial(_candidate_rows, eligible, blend))
+        trace.defer_figures(partial(_figures, eligible, blend))
         trace.order = "blended_shares" if blend.blended else "weight_shares"
         if blend.blended:
             trace.blend = self._blend_trace
@@ -243,6 +244,14 @@ def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend,
             strict=True)
         if only is None or c.label == only
     ]
+
+
+def _figures(eligible: Sequence[TargetChoice], blend: Blend, target: str) -> Figures | None:
+    for index, choice in enumerate(eligible):
+        if choice.label == target:
+            return (blend.scores[index], blend.values[index], blend.final[index],
+                    blend.candidates[index].observations.count)
+    return None
 
 
 def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,

@@ -34,6 +34,8 @@ class CandidateTrace:
 
 # Builds the candidate rows: all of them (None) or one target's.
 RowBuilder = Callable[[str | None], list[CandidateTrace]]
+# One target's figures, unrounded: scores, term value, final share, observations.
+Figures = tuple[dict[str, float], float | None, float, int]
 
 
 @dataclass
@@ -66,6 +68,9 @@ class DecisionTrace:
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.
     _candidates: list[CandidateTrace] | RowBuilder = field(default_factory=list, init=False)
+    # A cheaper way to one target's figures than its row, where a strategy has one (a class
+    # attribute, not a field: `to_dict` leaves it out).
+    _figures = None
 
     @property
     def candidates(self) -> list[CandidateTrace]:
@@ -81,6 +86,19 @@ class DecisionTrace:
         else:
             rows = [c for c in self._candidates if c.target == target]
         return rows[0] if rows else None
+
+    def figures(self, target: str) -> Figures | None:
+        """One candidate's figures as they were computed (the telemetry row buckets them:
+        telemetry/rows.py), without building its row where the strategy can help."""
+        figures: Callable[[str], Figures | None] | None = self._figures
+        if figures is not None:
+            return figures(target)
+        row = self.candidate(target)
+        return None if row is None else (row.scores, row.term_value, row.final_share,
+                                         row.observations)
+
+    def defer_figures(self, figures: Callable[[str], Figures | None]) -> None:
+        self._figures = figures
 
     def defer_candidates(self, build: RowBuilder) -> None:
         """`candidates` will be `build(None)`, called on first read (if any); `build(label)`

@@ -1,14 +1,14 @@
 """The join: a decision (ext_proc) and its outcome (Envoy's access log), by Envoy's request id.
 
-`decided` runs on the request path and is one dict insert; everything else runs when the
-access log arrives or on the periodic sweep, and hands the pair on unbuilt
-(`JoinedRequest`): rows are made on the telemetry writer's thread. The pending map is
+It runs in the telemetry worker process (worker.py), which receives the decisions and the
+access log's results from the sidecar in the order they happened, and hands each pair on
+unbuilt (`JoinedRequest`): rows are made on the worker's writer thread. The pending map is
 bounded twice: by size (`max_pending`; the oldest decision is written without its outcome,
 `evicted`) and by age (`max_age_s`, the longest a request can take; then `decision_only`).
 An outcome with no decision (Envoy answered before ext_proc, or the decision was evicted)
 is written as `log_only` (a request no target served and no decision saw, e.g. one refused
 for its token, makes no row); an id decided twice is a collision (`duplicate_id`), never
-one request. Everything is on the sidecar's event loop; the clock is injected.
+one request. The clock is injected.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from sidecar.observe.attempts import Transition
-from sidecar.telemetry.rows import DecisionFacts, FallbackRow, JoinedRequest, RequestResult
+from sidecar.telemetry.rows import DecisionRecord, FallbackRow, JoinedRequest, RequestResult
 
 Clock = Callable[[], float]
 Emit = Callable[[JoinedRequest | FallbackRow], object]
@@ -32,7 +32,7 @@ class Joiner:
         self._max_age = max_age_s
         self._clock = clock
         self._wall = wall_clock
-        self._pending: OrderedDict[str, tuple[float, DecisionFacts]] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[float, DecisionRecord]] = OrderedDict()
         self.evicted = 0
         self.expired = 0
         self.log_only = 0
@@ -42,9 +42,9 @@ class Joiner:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def decided(self, facts: DecisionFacts) -> None:
-        """The request path's only step: remember the decision until its outcome comes."""
-        earlier = self._pending.pop(facts.request_id, None)
+    def decided(self, decision: DecisionRecord) -> None:
+        """Remember the decision until its outcome comes."""
+        earlier = self._pending.pop(decision.request_id, None)
         if earlier is not None:
             self.duplicates += 1
             self._write(earlier[1], None, "duplicate_id")
@@ -52,7 +52,7 @@ class Joiner:
             _, (_, oldest) = self._pending.popitem(last=False)
             self.evicted += 1
             self._write(oldest, None, "evicted")
-        self._pending[facts.request_id] = (self._clock(), facts)
+        self._pending[decision.request_id] = (self._clock(), decision)
 
     def finished(self, result: RequestResult) -> None:
         """The request's access-log entry arrived: one joined row (or a log-only one)."""
@@ -71,17 +71,18 @@ class Joiner:
                                transition.from_target, transition.to_target,
                                transition.attempt, transition.error_class))
 
-    def sweep(self) -> None:
-        """Write the decisions whose outcome can no longer come (called periodically)."""
-        horizon = self._clock() - self._max_age
+    def sweep(self, everything: bool = False) -> None:
+        """Write the decisions whose outcome can no longer come (called periodically), or
+        all that wait (`everything`: the sidecar stopped)."""
+        horizon = float("inf") if everything else self._clock() - self._max_age
         while self._pending:
-            request_id, (since, facts) = next(iter(self._pending.items()))
+            request_id, (since, decision) = next(iter(self._pending.items()))
             if since > horizon:
                 break
             del self._pending[request_id]
             self.expired += 1
-            self._write(facts, None, "decision_only")
+            self._write(decision, None, "decision_only")
 
-    def _write(self, facts: DecisionFacts | None, result: RequestResult | None,
+    def _write(self, decision: DecisionRecord | None, result: RequestResult | None,
                join: str) -> None:
-        self._emit(JoinedRequest(facts, result, join, self._wall()))
+        self._emit(JoinedRequest(decision, result, join, self._wall()))

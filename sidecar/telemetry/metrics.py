@@ -1,8 +1,8 @@
 """`/metrics`: Prometheus metrics of routing, observations and the sidecar itself
 (docs/telemetry.md §5), with `prometheus_client` on the sidecar's own registry.
 
-Counters move when a request's row is made (on the telemetry writer's thread); gauges are read at
-scrape time from the observation store, the telemetry writer, the join and the gRPC port.
+Counters move when the telemetry worker reports the rows it made (row_counts.py); gauges are
+read at scrape time from the observation store, the telemetry writer, the join and the gRPC port.
 Labels are configuration names and fixed enums only (group, target, strategy, status
 class, stage, outcome): their number is bounded by the configuration. No caller names,
 tokens or request ids.
@@ -10,7 +10,8 @@ tokens or request ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -22,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sidecar.observe.store import ObservationStore
+from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import FallbackRow, RequestRow
 from sidecar.telemetry.timing import HandlingTimes
 
@@ -52,6 +54,9 @@ class Metrics:
         self._exclusions = Counter(
             "sidecar_threshold_exclusions", "targets a threshold or ejection kept out of a "
             "decision", ["group", "target", "stage"], registry=self.registry)
+        self._row_counters = {"decisions": self._decisions, "fallback_transitions":
+                              self._fallbacks, "affinity": self._affinity,
+                              "threshold_exclusions": self._exclusions}
         self.registry.register(_ScrapeTime(store, self._gauges, self._by_group))
 
     def add_gauges(self, read: Callable[[], dict[str, float]]) -> None:
@@ -75,20 +80,17 @@ class Metrics:
         self.registry.register(_CountedElsewhere(name, text, labels, read))
 
     def record(self, row: RequestRow | FallbackRow) -> None:
-        """Count one joined row (on the telemetry writer's thread)."""
-        if isinstance(row, FallbackRow):
-            self._child(self._fallbacks, row.group, row.from_target, row.to_target,
-                        row.failure).inc()
-            return
-        if not row.strategy:  # log-only: no decision to count
-            return
-        self._child(self._decisions, row.group, row.strategy, row.selected_target or "none",
-                    row.status_class).inc()
-        self._child(self._affinity, row.group, row.affinity).inc()
-        for pair in row.exclusions.split(",") if row.exclusions else ():
-            target, _, stage = pair.partition(":")
-            if stage.startswith("thresholds."):
-                self._child(self._exclusions, row.group, target, stage).inc()
+        """Count one row."""
+        counts: RowCounts = Tally()
+        count_row(counts, row)
+        self.add_counts(counts)
+
+    def add_counts(self, counts: Mapping[tuple[str, ...], int]) -> None:
+        """Add what the worker counted since its last report (row_counts.py)."""
+        for (name, *labels), n in counts.items():
+            counter = self._row_counters.get(name)
+            if counter is not None:
+                self._child(counter, *labels).inc(n)
 
     def _child(self, counter: Counter, *labels: str) -> Any:
         """`counter.labels(...)`, remembered: labels come from the configuration, so the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from sidecar.config.models import Pricing
 from sidecar.routing.decision import Decision, NoEligibleTarget
@@ -41,6 +42,12 @@ class DecisionFacts:
     traceparent: str = ""          # as the caller or Envoy sent it; checked at join time
     admission: str | None = None   # why a quota refused the request (quotas/)
     cache: str | None = None       # hit, miss or bypass, in groups with a response cache
+
+
+class DecisionSink(Protocol):
+    """Where the gateway hands its decisions (telemetry/handoff.py)."""
+
+    def decided(self, facts: DecisionFacts) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +121,92 @@ class FallbackRow:
     failure: str
 
 
+class DecisionRecord(NamedTuple):
+    """A decision as plain values (`decision_record`): what crosses from the sidecar to the
+    telemetry worker process (worker.py), and what a request row is made from."""
+
+    request_id: str
+    at: float
+    caller: str
+    group: str
+    admission: str | None
+    cache: str | None
+    traceparent: str
+    strategy: str                  # "" when answered before any decision
+    cold_start: str | None
+    signals: tuple[str, ...]
+    request_shape: dict[str, str | bool]
+    complexity: str | None
+    prompt_features: tuple[str, ...]
+    exclusions: list[tuple[str, str]]
+    candidate_count: int
+    reasoning: dict[str, str | int | None] | None
+    affinity: str
+    probe: str | None
+    external: str | None
+    selected: str | None
+    scores: dict[str, float] | None  # the selected target's, when it has a candidate row
+    term_value: float | None
+    final_share: float | None
+    observations: int | None
+
+
+def decision_record(facts: DecisionFacts) -> tuple:
+    """`facts` as a plain tuple in `DecisionRecord`'s order (marshal takes tuples, dicts,
+    strings and numbers only). References, not copies: the trace is not changed once the
+    decision is made. Only the selected target's candidate row is built."""
+    outcome = facts.outcome
+    trace = outcome.trace if outcome is not None else None
+    if trace is None:
+        shape = request_shape_buckets(facts.summary) if facts.summary is not None else {}
+        return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
+                facts.cache, facts.traceparent, "", None, (), shape, None, (), [], 0, None,
+                "not_applicable", None, None, None, None, None, None, None)
+    selected = outcome.primary.label if isinstance(outcome, Decision) else None
+    figures = trace.figures(selected) if selected is not None else None
+    shape = trace.request_shape
+    if not shape and facts.summary is not None:
+        shape = request_shape_buckets(facts.summary)
+    return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
+            facts.cache, facts.traceparent, trace.strategy, trace.cold_start, trace.signals,
+            shape, trace.complexity, trace.prompt_features, trace.exclusions,
+            trace.candidate_count, trace.reasoning, str(trace.affinity), trace.probe,
+            trace.external, selected, *(figures or (None, None, None, None)))
+
+
+def result_record(result: RequestResult) -> tuple:
+    """`result` as a plain tuple in its fields' order (`RequestResult(*record)`)."""
+    return (result.request_id, result.status, result.serving_target, result.attempts,
+            result.error_class, result.latency_ms, result.ttfb_ms, result.input_tokens,
+            result.output_tokens, result.cached_tokens)
+
+
+def fallback_record(row: FallbackRow) -> tuple:
+    """`row` as a plain tuple in its fields' order (`FallbackRow(*record)`)."""
+    return (row.request_id, row.at, row.group, row.from_target, row.to_target, row.attempt,
+            row.failure)
+
+
+class Price(NamedTuple):
+    """A target's price as the worker receives it (the configuration's `Pricing` values)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+
+Prices = Mapping[str, Price | Pricing]
+
+
+def price_records(prices: Mapping[str, Pricing]) -> dict[str, tuple[float, float]]:
+    return {target: (p.input_per_mtok, p.output_per_mtok) for target, p in prices.items()}
+
+
 @dataclass(slots=True)
 class JoinedRequest:
     """A decision and/or its outcome, paired by the join and not yet made into a row: the
-    row is built on the writer thread, off the event loop (`RowBuilder`)."""
+    row is built on the worker's writer thread (`RowBuilder`)."""
 
-    facts: DecisionFacts | None
+    record: DecisionRecord | None
     result: RequestResult | None
     join: str
     at: float
@@ -130,10 +217,10 @@ class RowBuilder:
 
     __slots__ = ("_prices",)
 
-    def __init__(self, prices: Mapping[str, Pricing]) -> None:
+    def __init__(self, prices: Prices) -> None:
         self._prices = prices
 
-    def reprice(self, prices: Mapping[str, Pricing]) -> None:
+    def reprice(self, prices: Prices) -> None:
         """A reloaded configuration's prices (one reference swap: the writer thread reads
         either the old or the new map, never a mix)."""
         self._prices = prices
@@ -141,7 +228,7 @@ class RowBuilder:
     def __call__(self, item: JoinedRequest | FallbackRow) -> RequestRow | FallbackRow:
         if isinstance(item, FallbackRow):
             return item
-        return request_row(item.facts, item.result, self._prices, item.join, item.at)
+        return request_row(item.record, item.result, self._prices, item.join, item.at)
 
 
 def status_class(status: int | None) -> str:
@@ -150,7 +237,7 @@ def status_class(status: int | None) -> str:
     return f"{status // 100}xx"
 
 
-def cost_usd(pricing: Pricing | None, result: RequestResult) -> float | None:
+def cost_usd(pricing: Price | Pricing | None, result: RequestResult) -> float | None:
     """The serving target's price for what it reported; None when unpriced or unreported."""
     if pricing is None or (result.input_tokens is None and result.output_tokens is None):
         return None
@@ -158,45 +245,44 @@ def cost_usd(pricing: Pricing | None, result: RequestResult) -> float | None:
             + (result.output_tokens or 0) * pricing.output_per_mtok) / 1e6
 
 
-def request_row(facts: DecisionFacts | None, result: RequestResult | None,
-                prices: Mapping[str, Pricing], join: str, at: float = 0.0) -> RequestRow:
+def request_row(decision: DecisionRecord | None, result: RequestResult | None,
+                prices: Prices, join: str, at: float = 0.0) -> RequestRow:
     """One row from a decision and/or its outcome (either may be missing: `join` says)."""
-    assert facts is not None or result is not None
-    trace = facts.outcome.trace if facts is not None and facts.outcome is not None else None
-    selected = (facts.outcome.primary.label
-                if facts is not None and isinstance(facts.outcome, Decision) else None)
-    row = trace.candidate(selected) if trace and selected else None
-    shape = dict(trace.request_shape) if trace else {}
-    if not shape and facts is not None and facts.summary is not None:
-        shape = request_shape_buckets(facts.summary)
-    reasoning = (trace.reasoning or {}) if trace else {}
+    assert decision is not None or result is not None
+    d = decision
+    scores = d.scores if d is not None else None
+    shape = dict(d.request_shape) if d is not None else {}
+    reasoning = (d.reasoning or {}) if d is not None else {}
     serving = result.serving_target if result is not None else None
     return RequestRow(
-        request_id=facts.request_id if facts is not None else result.request_id,  # type: ignore[union-attr]
-        started_at=facts.at if facts is not None else at,
-        caller=facts.caller if facts is not None else "",
-        group=facts.group if facts is not None else "",
-        strategy=trace.strategy if trace else "",
-        cold_start=trace.cold_start if trace else None,
-        signals=",".join(trace.signals) if trace else "",
+        request_id=d.request_id if d is not None else result.request_id,  # type: ignore[union-attr]
+        started_at=d.at if d is not None else at,
+        caller=d.caller if d is not None else "",
+        group=d.group if d is not None else "",
+        strategy=d.strategy if d is not None else "",
+        cold_start=d.cold_start if d is not None else None,
+        signals=",".join(d.signals) if d is not None else "",
         request_shape=shape,
-        complexity=trace.complexity if trace else None,
-        prompt_features=",".join(trace.prompt_features) if trace else "",
-        selected_scores={name: bucket(value) for name, value in row.scores.items()} if row else {},
-        term_value_bucket=None if row is None or row.term_value is None else bucket(row.term_value),
-        final_share_bucket=bucket(row.final_share) if row else None,
-        exclusions=",".join(f"{t}:{s}" for t, s in trace.exclusions) if trace else "",
-        max_tokens_filtered=bool(trace) and any(s == MAX_TOKENS_STAGE for _, s in trace.exclusions),
+        complexity=d.complexity if d is not None else None,
+        prompt_features=",".join(d.prompt_features) if d is not None else "",
+        selected_scores=({name: _bucket(value) for name, value in scores.items()} if scores
+                         else {}),
+        term_value_bucket=None if d is None or d.term_value is None else _bucket(d.term_value),
+        final_share_bucket=(None if d is None or d.final_share is None
+                            else _bucket(d.final_share)),
+        exclusions=",".join(f"{t}:{s}" for t, s in d.exclusions) if d is not None else "",
+        max_tokens_filtered=d is not None and any(s == MAX_TOKENS_STAGE
+                                                  for _, s in d.exclusions),
         max_tokens_bucket=_text(shape.get("max_tokens_cap")),
         input_size_bucket=_text(shape.get("input_size")),
-        admission=facts.admission if facts is not None else None,
-        observation_count=row.observations if row else None,
-        candidate_count=trace.candidate_count if trace else 0,
+        admission=d.admission if d is not None else None,
+        observation_count=d.observations if d is not None else None,
+        candidate_count=d.candidate_count if d is not None else 0,
         reasoning_effort=_text(reasoning.get("effort")),
         reasoning_budget_tokens=_int(reasoning.get("budget_tokens")),
-        affinity=trace.affinity if trace else "not_applicable",
-        probe=trace.probe if trace else None,
-        selected_target=selected,
+        affinity=d.affinity if d is not None else "not_applicable",
+        probe=d.probe if d is not None else None,
+        selected_target=d.selected if d is not None else None,
         serving_target=serving,
         attempts=result.attempts if result is not None else None,
         status=result.status if result is not None else None,
@@ -209,10 +295,15 @@ def request_row(facts: DecisionFacts | None, result: RequestResult | None,
         cached_tokens=result.cached_tokens if result is not None else None,
         cost_usd=cost_usd(prices.get(serving or ""), result) if result is not None else None,
         join=join,
-        traceparent=_trace(facts.traceparent) if facts is not None else None,
-        external=trace.external if trace else None,
-        cache=facts.cache if facts is not None else None,
+        traceparent=_trace(d.traceparent) if d is not None else None,
+        external=d.external if d is not None else None,
+        cache=d.cache if d is not None else None,
     )
+
+
+def _bucket(value: float) -> str:
+    """As `sidecar explain` shows it: rounded to six places, then bucketed."""
+    return bucket(round(value, 6))
 
 
 def _trace(value: str) -> str | None:

@@ -1,6 +1,6 @@
 """OpenTelemetry spans of routed requests (docs/telemetry.md §5), optional and off by default.
 
-One span per joined request row, made when the row is joined (never on the request path)
+One span per joined request row, made in the telemetry worker process when the row is made
 with the request's own start and end times, parented on the W3C `traceparent` the request
 carried (checked in rows.py). Attributes follow the GenAI semantic conventions plus the
 decision's buckets; like the rows, they are configuration names, bucket names and numbers,
@@ -25,6 +25,16 @@ class TracesUnavailable(OSError):
 
 
 class RequestSpans:
+    @staticmethod
+    def check_available() -> None:
+        """Raise TracesUnavailable now when the `otel` extra is missing (the spans are made
+        in the telemetry worker, whose errors are only logged)."""
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            raise TracesUnavailable("telemetry.traces needs OpenTelemetry: pip install "
+                                    "'model-group-sidecar[otel]'") from None
+
     def __init__(self, settings: Traces, exporter: Any = None) -> None:
         try:
             from opentelemetry.sdk.resources import Resource

@@ -78,6 +78,7 @@ class TelemetryWriter:
         self.dropped = {"queue_full": 0, "write_error": 0}
         self.written = 0
         self._stop = threading.Event()
+        self.opened = threading.Event()  # the store's first opening was tried
         self._deadline = 0.0  # set by close: how long the last drain may take
         self._thread = threading.Thread(target=self._run, name="telemetry-writer",
                                         daemon=True)
@@ -109,6 +110,7 @@ class TelemetryWriter:
             self._store.open()
         except Exception:
             _limited.exception("telemetry_open", "telemetry store cannot be opened yet")
+        self.opened.set()
         while True:
             stopping = self._stop.wait(self._flush)
             self._maybe_maintain()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +19,7 @@ from sidecar.routing.observations import ObservationSnapshot, TargetObservations
 from sidecar.routing.request import Reasoning, RequestSummary
 from sidecar.routing.router import Router
 from sidecar.routing.scores import estimated_cost_usd
+from sidecar.telemetry.rows import DecisionFacts, DecisionRecord, decision_record
 
 PROVIDERS = {"p": {"base_url": "http://127.0.0.1:9/v1",
                    "dialects": ["openai_chat", "anthropic_messages"]}}
@@ -197,3 +199,40 @@ def test_spec_sample_still_routes() -> None:
     cfg = load_config_text(text)
     outcome = Router(cfg).decide(RequestSummary("adaptive-agent", "c", Dialect.OPENAI_CHAT))
     assert isinstance(outcome, Decision)
+
+
+@FAST
+@given(targets, policies, requests, observations,
+       st.sampled_from(["weighted", "failover", "dynamic_score"]))
+def test_the_telemetry_record_of_any_decision_is_plain_and_agrees_with_explain(
+        tl, policy, req, obs, strategy):
+    """What the sidecar hands the telemetry worker crosses `marshal` (plain values only),
+    and the selected target's figures are the ones `sidecar explain` rounds."""
+    cfg = build(tl, policy, strategy, None)
+    outcome = Router(cfg).decide(req, snapshot_for(cfg, obs))
+    sent = decision_record(DecisionFacts("r", 0.0, "c", "g", outcome, req))
+    for name, value in zip(DecisionRecord._fields, sent, strict=True):
+        assert _plain(value), f"{name} is not plain: {value!r}"
+    record = DecisionRecord(*marshal.loads(marshal.dumps(sent)))
+    if not isinstance(outcome, Decision):
+        assert record.selected is None and record.scores is None
+        return
+    assert record.selected == outcome.primary.label
+    row = outcome.trace.candidate(outcome.primary.label)
+    if row is None:  # a strategy without candidate rows (failover)
+        assert record.scores is None
+        return
+    assert {k: round(v, 6) for k, v in record.scores.items()} == row.scores
+    assert record.final_share is not None and round(record.final_share, 6) == row.final_share
+    assert (record.term_value is None) == (row.term_value is None)
+    assert record.observations == row.observations
+
+
+def _plain(value: object) -> bool:
+    if value is None or type(value) in (str, int, float, bool):
+        return True
+    if type(value) in (tuple, list):
+        return all(_plain(v) for v in value)  # type: ignore[union-attr]
+    if type(value) is dict:
+        return all(_plain(k) and _plain(v) for k, v in value.items())  # type: ignore[union-attr]
+    return False

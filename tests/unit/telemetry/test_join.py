@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 from dataclasses import asdict
 
 from sidecar.config.models import Pricing
 from sidecar.routing.decision import Decision
 from sidecar.routing.router import Router
 from sidecar.telemetry.join import Joiner
-from sidecar.telemetry.rows import DecisionFacts, RequestResult, RequestRow, RowBuilder
+from sidecar.telemetry.rows import (
+    DecisionFacts,
+    DecisionRecord,
+    RequestResult,
+    RequestRow,
+    RowBuilder,
+    decision_record,
+)
 from tests.unit.routing.helpers import config, request, snapshot, warm
 
 GROUP = config("""
@@ -37,11 +45,13 @@ class Clock:
         return self.now
 
 
-def facts(request_id: str, **fields) -> DecisionFacts:
+def facts(request_id: str, **fields) -> DecisionRecord:
+    """A real decision, as the telemetry worker receives it: through marshal."""
     outcome = Router(GROUP).decide(request(**fields), snapshot(p__a=warm(50, p95_latency_ms=100),
                                                               p__b=warm(50, p95_latency_ms=900)))
     assert isinstance(outcome, Decision)
-    return DecisionFacts(request_id, 1_700_000_000.0, "team-a", "g", outcome)
+    sent = decision_record(DecisionFacts(request_id, 1_700_000_000.0, "team-a", "g", outcome))
+    return DecisionRecord(*marshal.loads(marshal.dumps(sent)))
 
 
 def result(request_id: str, **fields) -> RequestResult:

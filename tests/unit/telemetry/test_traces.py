@@ -9,7 +9,13 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.config.service_settings import Telemetry, Traces
-from sidecar.telemetry.rows import DecisionFacts, RequestResult, request_row
+from sidecar.telemetry.rows import (
+    DecisionFacts,
+    DecisionRecord,
+    RequestResult,
+    decision_record,
+    request_row,
+)
 from sidecar.telemetry.traces import RequestSpans, span_attributes
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -69,7 +75,7 @@ def test_only_a_valid_traceparent_is_kept_in_the_row(header: str) -> None:
 
     facts = DecisionFacts("r1", 0.0, "team", "chat", NoEligibleTarget("chat", "none", None),
                           traceparent=header)  # type: ignore[arg-type]
-    row = request_row(facts, None, {}, "decision_only")
+    row = request_row(DecisionRecord(*decision_record(facts)), None, {}, "decision_only")
     assert row.traceparent is None
 
 
@@ -78,7 +84,8 @@ def test_a_valid_traceparent_is_kept_and_spans_without_one_start_a_trace() -> No
 
     facts = DecisionFacts("r1", 0.0, "team", "chat", NoEligibleTarget("chat", "none", None),
                           traceparent=PARENT)  # type: ignore[arg-type]
-    assert request_row(facts, None, {}, "decision_only").traceparent == PARENT
+    record = DecisionRecord(*decision_record(facts))
+    assert request_row(record, None, {}, "decision_only").traceparent == PARENT
     (span,) = spans_of(joined(traceparent=None))  # type: ignore[arg-type]
     assert span.parent is None
 

@@ -1,0 +1,194 @@
+"""The telemetry worker: a child process of the sidecar that joins, builds, counts, traces
+and stores the rows (docs/telemetry.md §3).
+
+Why a process: in the sidecar's own process every microsecond of row work, whichever
+thread did it, was taken from the event loop by the interpreter lock; measured at +35 %
+sidecar CPU per request (bench/results/telemetry_cost.md, before). Here the sidecar only
+hands over plain tuples (handoff.py), and this process has its own interpreter.
+
+It reads one Unix SEQPACKET socket inherited from the sidecar: the first message is the
+start settings (`Start`, pickled: it comes from the parent, never from a peer), then
+marshalled batches of `(kind, record)` in the order things happened — `d` a decision, `r`
+an access-log result, `f` a fallback transition, `p` a reloaded configuration's prices.
+Every `REPORT_S` it sends back a status (queue depth, drops, join counts, and the metric
+counts of the rows made since the last report). End of input (the sidecar closed its end,
+or died) means: write what is buffered, send the last status, exit. SIGINT and SIGTERM
+are ignored: a Ctrl-C or a pod's SIGTERM reaches the sidecar, which closes the socket
+after its own last hand-over, so no row is cut off.
+
+Usage (by handoff.py only):  python -m sidecar.telemetry.worker FD
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.config.service_settings import Telemetry
+from sidecar.operations.log_format import configure
+from sidecar.telemetry.database import open_database
+from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.row_counts import RowCounts, count_row
+from sidecar.telemetry.rows import (
+    DecisionRecord,
+    FallbackRow,
+    JoinedRequest,
+    Price,
+    RequestResult,
+    RequestRow,
+    RowBuilder,
+)
+from sidecar.telemetry.store import TelemetryStore
+from sidecar.telemetry.writer import TelemetryWriter
+
+REPORT_S = 0.5
+# How long the first report waits for the store's schema (a database that does not answer
+# must not hold the sidecar's start for longer).
+OPEN_WAIT_S = 2.0
+SWEEP_S = 5.0
+MAX_MESSAGE = 1 << 20
+log = logging.getLogger("sidecar.telemetry")
+
+
+@dataclass(frozen=True)
+class Start:
+    settings: Telemetry
+    max_age_s: float                         # the longest a request can take (join.py)
+    prices: dict[str, tuple[float, float]]   # rows.price_records
+    log_level: str
+    log_format: str                          # text or json (operations/log_format.py)
+    close_timeout_s: float = 5.0
+
+
+def prices_of(records: dict[str, tuple[float, float]]) -> dict[str, Price]:
+    return {target: Price(*pair) for target, pair in records.items()}
+
+
+class Worker:
+    """The join, the row builder, the counters and the writer, fed by `take`."""
+
+    def __init__(self, start: Start, writer: TelemetryWriter | None = None) -> None:
+        settings = start.settings
+        self.build = RowBuilder(prices_of(start.prices))
+        self.counts: RowCounts = Counter()
+        self._counting = threading.Lock()
+        spans = None
+        if settings.traces is not None:
+            from sidecar.telemetry.traces import RequestSpans
+
+            spans = RequestSpans(settings.traces)
+        self.spans = spans
+        observers = [self._count]
+        if spans is not None:
+            observers.append(lambda row: spans.record(row) if isinstance(row, RequestRow)
+                             else None)
+        self.writer = writer or TelemetryWriter(
+            TelemetryStore(open_database(settings), settings.replica,
+                           settings.raw_retention_days),
+            queue_size=settings.queue_size, prepare=self.build, observers=observers,
+            maintenance_interval_s=settings.rollup_interval_minutes * 60)
+        self.joiner = Joiner(self._emit, max_pending=settings.max_pending,
+                             max_age_s=start.max_age_s)
+
+    def _count(self, row: RequestRow | FallbackRow) -> None:
+        with self._counting:  # rows are counted on the writer thread, reported on this one
+            count_row(self.counts, row)
+
+    def _emit(self, item: JoinedRequest | FallbackRow) -> None:
+        if not self.writer.offer(item):  # full: the row is lost, its counters are not
+            self._count(self.build(item))
+
+    def take(self, batch: list[tuple[str, Any]]) -> None:
+        joiner = self.joiner
+        for kind, record in batch:
+            if kind == "d":
+                joiner.decided(DecisionRecord(*record))
+            elif kind == "r":
+                joiner.finished(RequestResult(*record))
+            elif kind == "f":
+                self._emit(FallbackRow(*record))
+            elif kind == "p":
+                self.build.reprice(prices_of(record))
+
+    def status(self) -> dict[str, Any]:
+        """What the sidecar shows in /metrics; the counts are those made since the last
+        status (`unsent` gives them back when it could not be sent)."""
+        with self._counting:
+            counts, self.counts = self.counts, Counter()
+        writer, joiner = self.writer, self.joiner
+        return {"depth": writer.depth, "dropped": dict(writer.dropped),
+                "written": writer.written, "pending": len(joiner), "evicted": joiner.evicted,
+                "expired": joiner.expired, "log_only": joiner.log_only,
+                "duplicates": joiner.duplicates, "counts": dict(counts)}
+
+    def unsent(self, status: dict[str, Any]) -> None:
+        with self._counting:
+            self.counts.update(status["counts"])
+
+
+def serve(channel: socket.socket, worker: Worker, close_timeout_s: float) -> None:
+    """Report once the store is open (or `OPEN_WAIT_S` has passed), then read batches
+    until the sidecar's end closes, reporting every REPORT_S."""
+    worker.writer.start()
+    worker.writer.opened.wait(OPEN_WAIT_S)
+    _report(channel, worker)
+    channel.settimeout(REPORT_S)
+    next_report = time.monotonic() + REPORT_S
+    next_sweep = time.monotonic() + SWEEP_S
+    while True:
+        try:
+            message = channel.recv(MAX_MESSAGE)
+        except TimeoutError:
+            message = None
+        except OSError:  # the sidecar is gone: as good as the end of input
+            message = b""
+        if message == b"":
+            break
+        if message:
+            try:
+                worker.take(marshal.loads(message))
+            except Exception:
+                log.exception("telemetry batch could not be read")
+        now = time.monotonic()
+        if now >= next_sweep:
+            next_sweep = now + SWEEP_S
+            worker.joiner.sweep()
+        if now >= next_report:
+            next_report = now + REPORT_S
+            _report(channel, worker)
+    worker.joiner.sweep(everything=True)  # outcomes that can no longer come
+    worker.writer.close(close_timeout_s)
+    if worker.spans is not None:
+        worker.spans.close()
+    _report(channel, worker)
+
+
+def _report(channel: socket.socket, worker: Worker) -> None:
+    status = worker.status()
+    try:
+        channel.send(marshal.dumps(status), socket.MSG_DONTWAIT)
+    except OSError:  # full (the counts go with a later report) or gone
+        worker.unsent(status)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    channel = socket.socket(fileno=int(argv[1]))
+    start: Start = pickle.loads(channel.recv(MAX_MESSAGE))
+    configure(start.log_level, start.log_format)
+    serve(channel, Worker(start), start.close_timeout_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
