@@ -1,9 +1,9 @@
 """The sidecar's end of telemetry: decisions, access-log results and fallback transitions go
 to the telemetry worker process (worker.py) as plain tuples, in the order they happened.
 
-On the request path this is one tuple of references and one list append (`decided`); the
-access log's side is the same (`finished`, `fallback`). Every `FLUSH_AT` items, and every
-`FLUSH_S` for the rest, the list is marshalled in chunks and sent without blocking over a
+On the request path this is one tuple of references, marshalled, and one list append
+(`decided`); the access log's side is the same (`finished`, `fallback`). Every `FLUSH_AT`
+items, and every `FLUSH_S` for the rest, the list is sent in chunks without blocking over a
 Unix SEQPACKET socket (one message per chunk, never split). What the worker cannot take yet
 waits here, at most `queue_size` items; beyond that items are dropped and counted
 (`telemetry_dropped_handoff`), never waited for. The worker reports every half second:
@@ -59,7 +59,7 @@ class TelemetryHandoff:
         self._start = start
         self._add_counts = add_counts
         self._limit = queue_size
-        self._buffer: list[tuple[str, Any]] = []
+        self._buffer: list[bytes] = []   # each item marshalled
         self._channel: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -88,11 +88,19 @@ class TelemetryHandoff:
                          transition.error_class)))
 
     def _add(self, item: tuple[str, Any]) -> None:
+        """Encoded at once: bytes are no work for the garbage collector, whereas the tuple
+        and the trace's maps it holds, kept until the next flush, would outlive a young
+        collection and make full ones come sooner (docs/telemetry.md §8)."""
         buffer = self._buffer
         if len(buffer) >= self._limit:
             self.dropped += 1
             return
-        buffer.append(item)
+        try:
+            buffer.append(marshal.dumps(item))
+        except ValueError:  # a value that is no plain scalar: a bug, not the load
+            _limited.exception("telemetry_encode", "telemetry item could not be encoded")
+            self.dropped += 1
+            return
         if len(buffer) >= FLUSH_AT and not self._behind:
             self.flush()
 
@@ -150,15 +158,7 @@ class TelemetryHandoff:
         while buffer and channel is not None:
             message, self._unsent = self._unsent, None
             if message is None:
-                chunk = buffer[:FLUSH_AT]
-                try:
-                    message = marshal.dumps(chunk)
-                except ValueError:  # a value that is no plain scalar: a bug, not the load
-                    _limited.exception("telemetry_encode",
-                                       "telemetry items could not be encoded")
-                    self.dropped += len(chunk)
-                    del buffer[:FLUSH_AT]
-                    continue
+                message = marshal.dumps(buffer[:FLUSH_AT])
             try:
                 channel.send(message)
             except BlockingIOError:  # the worker is behind: the rest waits for a tick

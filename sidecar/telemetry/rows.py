@@ -50,7 +50,8 @@ class DecisionSink(Protocol):
     def decided(self, facts: DecisionFacts) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen either (see DecisionFacts): one is made for every access-log entry.
+@dataclass(slots=True)
 class RequestResult:
     """What Envoy's per-request access log says about the request."""
 
