@@ -71,6 +71,8 @@ class Row:
     name: str
     start: Callable[[Path], Started]
     results: list[dict[str, float]] = field(default_factory=list)
+    # Runs after the measurements, before the processes stop; may add figures.
+    settle: Callable[[Started, dict[str, float]], None] | None = None
 
 
 def measure(row: Row, workdir: Path, seconds: float, streams: int) -> dict[str, float]:
@@ -82,7 +84,7 @@ def measure(row: Row, workdir: Path, seconds: float, streams: int) -> dict[str, 
                              TOKEN, count)
 
     try:
-        run_wrk(port, CHAT_PATH, model, TOKEN, 32, min(seconds, 2.0))  # warm-up
+        warm = run_wrk(port, CHAT_PATH, model, TOKEN, 32, min(seconds, 2.0))  # warm-up
         stream(3)
         before = processes.cpu_seconds()
         busy = run_wrk(port, CHAT_PATH, model, TOKEN, 32, seconds)
@@ -99,8 +101,11 @@ def measure(row: Row, workdir: Path, seconds: float, streams: int) -> dict[str, 
             "ttfb_p50": streamed.ttfb_p50_ms, "ttfb_p99": streamed.ttfb_p99_ms,
             "gap_mean": streamed.mean_gap_ms, "wrk_cpu_per_1k": busy.cpu_s / busy.requests * 1000,
             "rss_mb": processes.peak_rss_mb("sidecar"),
+            "requests": warm.requests + 3 + busy.requests + single.requests + streams,
         }
         figures.update({f"cpu_{name}": value for name, value in cpu.items()})
+        if row.settle is not None:
+            row.settle(started, figures)
         return figures
     finally:
         processes.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,10 +45,37 @@ def rows(fast_port: int, drip: ProviderThread, workdir: Path, control: bool) -> 
 
     db = workdir / "telemetry.db"
     table = [Row("telemetry off", sidecar("")),
-             Row("telemetry on (SQLite)", sidecar(f"telemetry: {{sqlite_path: '{db}'}}\n"))]
+             Row("telemetry on (SQLite)", sidecar(f"telemetry: {{sqlite_path: '{db}'}}\n"),
+                 settle=Settle(db))]
     if control:
         table.append(Row("telemetry off (control)", sidecar("")))
     return table
+
+
+class Settle:
+    """After an 'on' row's measurements: wait until the worker has written a row for every
+    request of the phase (it runs niced, so under load it may trail), then take its whole
+    CPU time per row — also what it spent after the busy phase."""
+
+    def __init__(self, db: Path) -> None:
+        self._db = db
+        self._seen = 0
+
+    def __call__(self, started: Started, figures: dict[str, float]) -> None:
+        expected = self._seen + int(figures["requests"])
+        deadline = time.monotonic() + 120
+        count = self._seen
+        while time.monotonic() < deadline:
+            with sqlite3.connect(self._db) as db:
+                count = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
+            if count >= expected:
+                break
+            time.sleep(0.2)
+        rows = count - self._seen
+        self._seen = count
+        figures["rows_missing"] = float(expected - count)
+        figures["cpu_worker_per_row"] = (started.processes.cpu_seconds()["sidecar_children"]
+                                         / max(rows, 1) * 1000)
 
 
 def with_totals(result: dict[str, float]) -> dict[str, float]:
@@ -94,8 +122,13 @@ def report(table: list[Row], rounds: int, seconds: float, written: int) -> str:
             line += f" {ratio(a, [r[key] for r in control[0].results]):.3f} |"
         lines.append(line + f" {', '.join(f'{d:+.3f}' for d in pairs)} | "
                      f"{worse} of {len(pairs)} |")
+    missing = sum(r.get("rows_missing", 0.0) for r in on.results)
+    per_row = statistics.median(r["cpu_worker_per_row"] for r in on.results)
     lines += ["",
-              f"Rows written by the 'on' sidecars: {written:,} request rows.",
+              f"Rows written by the 'on' sidecars: {written:,} request rows; requests "
+              f"without a row once the worker had caught up: {missing:,.0f}. The worker's "
+              f"whole CPU time (also after the busy phase, while it caught up): "
+              f"{per_row:.3f} s per 1,000 rows (median of the rounds).",
               "CPU figures are seconds per 1,000 requests: `cpu_sidecar` is the sidecar "
               "process (the request path), `cpu_worker` its telemetry worker process, "
               "`cpu_all` both and Envoy; latencies in ms. Streams: "

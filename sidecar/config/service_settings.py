@@ -63,6 +63,8 @@ class Telemetry(StrictModel):
     postgres_dsn: SecretSource | None = None
     queue_size: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
     max_pending: Annotated[PositiveInt, bounded(1, 10_000_000)] = 65_536
+    # The worker process's nice increment: it uses what the request path leaves over.
+    worker_nice: Annotated[int, Field(ge=0, le=19)] = 10
     replica: str = ""
     # Raw rows older than this are deleted once their day is rolled up; rollups stay.
     raw_retention_days: Annotated[PositiveInt, bounded(1, 36_500)] = 30

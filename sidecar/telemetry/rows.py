@@ -302,9 +302,18 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
     )
 
 
+_BUCKETS: dict[float, str] = {}
+
+
 def _bucket(value: float) -> str:
-    """As `sidecar explain` shows it: rounded to six places, then bucketed."""
-    return bucket(round(value, 6))
+    """As `sidecar explain` shows it: rounded to six places, then bucketed. Remembered: the
+    same scores recur until the observations move (bounded, cleared past 65,536)."""
+    found = _BUCKETS.get(value)
+    if found is None:
+        if len(_BUCKETS) >= 65_536:
+            _BUCKETS.clear()
+        found = _BUCKETS[value] = bucket(round(value, 6))
+    return found
 
 
 def _trace(value: str) -> str | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import marshal
+import os
 import pickle
 import signal
 import socket
@@ -188,6 +189,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = socket.socket(fileno=int(argv[1]))
     start: Start = pickle.loads(channel.recv(MAX_MESSAGE))
+    os.nice(start.settings.worker_nice)  # behind the request path for the CPU
     configure(start.log_level, start.log_format)
     worker = Worker(start)
     # What exists now lives as long as the process: out of the collector's way. The rows
