@@ -4,7 +4,7 @@ values: docs/reload.md): limits, observations, telemetry and its traces, session
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -63,8 +63,12 @@ class Telemetry(StrictModel):
     postgres_dsn: SecretSource | None = None
     queue_size: Annotated[PositiveInt, bounded(1, 10_000_000)] = 10_000
     max_pending: Annotated[PositiveInt, bounded(1, 10_000_000)] = 65_536
-    # The worker process's nice increment: it uses what the request path leaves over.
-    worker_nice: Annotated[int, Field(ge=0, le=19)] = 10
+    # Decisions and access-log results the sidecar holds for its telemetry worker
+    # (marshalled, ~250 bytes each: 100,000 is at most ~25 MB).
+    handoff_size: Annotated[PositiveInt, bounded(1, 10_000_000)] = 100_000
+    # background: the worker runs only on CPU the request path leaves idle (SCHED_IDLE);
+    # normal: at the sidecar's own priority.
+    worker_priority: Literal["background", "normal"] = "background"
     replica: str = ""
     # Raw rows older than this are deleted once their day is rolled up; rollups stay.
     raw_retention_days: Annotated[PositiveInt, bounded(1, 36_500)] = 30

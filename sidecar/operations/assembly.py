@@ -119,7 +119,7 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     level, log_format = log_format_now()
     start = Start(settings, longest_request_s(config), price_records(config.target_prices),
                   level, log_format)
-    handoff = TelemetryHandoff(start, metrics.add_counts, settings.queue_size)
+    handoff = TelemetryHandoff(start, metrics.add_counts, settings.handoff_size)
     return Telemetry(handoff, metrics)
 
 
