@@ -205,31 +205,12 @@ def price_records(prices: Mapping[str, Pricing]) -> dict[str, tuple[float, float
 @dataclass(slots=True)
 class JoinedRequest:
     """A decision and/or its outcome, paired by the join and not yet made into a row: the
-    row is built on the worker's writer thread (`RowBuilder`)."""
+    row is made on the worker's writer thread (encode.py)."""
 
     record: DecisionRecord | None
     result: RequestResult | None
     join: str
     at: float
-
-
-class RowBuilder:
-    """Makes the rows the join hands over, with the configured prices."""
-
-    __slots__ = ("_prices",)
-
-    def __init__(self, prices: Prices) -> None:
-        self._prices = prices
-
-    def reprice(self, prices: Prices) -> None:
-        """A reloaded configuration's prices (one reference swap: the writer thread reads
-        either the old or the new map, never a mix)."""
-        self._prices = prices
-
-    def __call__(self, item: JoinedRequest | FallbackRow) -> RequestRow | FallbackRow:
-        if isinstance(item, FallbackRow):
-            return item
-        return request_row(item.record, item.result, self._prices, item.join, item.at)
 
 
 def status_class(status: int | None) -> str:
@@ -266,21 +247,21 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         request_shape=shape,
         complexity=d.complexity if d is not None else None,
         prompt_features=",".join(d.prompt_features) if d is not None else "",
-        selected_scores=({name: _bucket(value) for name, value in scores.items()} if scores
+        selected_scores=({name: score_bucket(value) for name, value in scores.items()} if scores
                          else {}),
-        term_value_bucket=None if d is None or d.term_value is None else _bucket(d.term_value),
+        term_value_bucket=None if d is None or d.term_value is None else score_bucket(d.term_value),
         final_share_bucket=(None if d is None or d.final_share is None
-                            else _bucket(d.final_share)),
+                            else score_bucket(d.final_share)),
         exclusions=",".join(f"{t}:{s}" for t, s in d.exclusions) if d is not None else "",
         max_tokens_filtered=d is not None and any(s == MAX_TOKENS_STAGE
                                                   for _, s in d.exclusions),
-        max_tokens_bucket=_text(shape.get("max_tokens_cap")),
-        input_size_bucket=_text(shape.get("input_size")),
+        max_tokens_bucket=plain_text(shape.get("max_tokens_cap")),
+        input_size_bucket=plain_text(shape.get("input_size")),
         admission=d.admission if d is not None else None,
         observation_count=d.observations if d is not None else None,
         candidate_count=d.candidate_count if d is not None else 0,
-        reasoning_effort=_text(reasoning.get("effort")),
-        reasoning_budget_tokens=_int(reasoning.get("budget_tokens")),
+        reasoning_effort=plain_text(reasoning.get("effort")),
+        reasoning_budget_tokens=plain_int(reasoning.get("budget_tokens")),
         affinity=d.affinity if d is not None else "not_applicable",
         probe=d.probe if d is not None else None,
         selected_target=d.selected if d is not None else None,
@@ -296,7 +277,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         cached_tokens=result.cached_tokens if result is not None else None,
         cost_usd=cost_usd(prices.get(serving or ""), result) if result is not None else None,
         join=join,
-        traceparent=_trace(d.traceparent) if d is not None else None,
+        traceparent=valid_traceparent(d.traceparent) if d is not None else None,
         external=d.external if d is not None else None,
         cache=d.cache if d is not None else None,
     )
@@ -305,7 +286,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
 _BUCKETS: dict[float, str] = {}
 
 
-def _bucket(value: float) -> str:
+def score_bucket(value: float) -> str:
     """As `sidecar explain` shows it: rounded to six places, then bucketed. Remembered: the
     same scores recur until the observations move (bounded, cleared past 65,536)."""
     found = _BUCKETS.get(value)
@@ -316,13 +297,13 @@ def _bucket(value: float) -> str:
     return found
 
 
-def _trace(value: str) -> str | None:
+def valid_traceparent(value: str) -> str | None:
     return value if len(value) == 55 and _TRACEPARENT.fullmatch(value) else None
 
 
-def _text(value: object) -> str | None:
+def plain_text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def _int(value: object) -> int | None:
+def plain_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

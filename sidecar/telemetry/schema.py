@@ -86,15 +86,15 @@ _SCORES = REQUEST_COLUMNS.index("selected_scores")
 
 def request_values(replica: str, row: RequestRow) -> tuple[object, ...]:
     values = [replica, *_REQUEST_FIELDS(row)]
-    values[_SHAPE] = _json(row.request_shape)
-    values[_SCORES] = _json(row.selected_scores)
+    values[_SHAPE] = json_text(row.request_shape)
+    values[_SCORES] = json_text(row.selected_scores)
     return tuple(values)
 
 
 _JSON_MEMO: dict[tuple[object, ...], str] = {}
 
 
-def _json(mapping: object) -> str:
+def json_text(mapping: object) -> str:
     """JSON of a small map of bucket names; the same few maps recur row after row, so their
     text is remembered (bounded: cleared past 4,096 distinct maps)."""
     key = tuple(mapping.items())  # type: ignore[attr-defined]

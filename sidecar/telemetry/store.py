@@ -9,7 +9,9 @@ migration once. Each batch of rows is one transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
+from sidecar.telemetry import encode
 from sidecar.telemetry.database import Database, sql
 from sidecar.telemetry.rollup import Maintenance, maintain
 from sidecar.telemetry.rows import FallbackRow, RequestRow
@@ -22,6 +24,12 @@ from sidecar.telemetry.schema import (
     insert_sql,
     request_values,
 )
+
+Values = tuple[object, ...]
+# A RequestRow's values (REQUEST_COLUMNS order) in the order the INSERT names the columns.
+_IN_INSERT_ORDER = itemgetter(*(REQUEST_COLUMNS.index(c) for c in encode.COLUMNS))
+_INSERT_REQUESTS = insert_sql("request_rows", encode.COLUMNS)
+_INSERT_FALLBACKS = insert_sql("fallback_transitions", FALLBACK_COLUMNS)
 
 
 class TelemetryStore:
@@ -40,17 +48,29 @@ class TelemetryStore:
         self._open = False
         self.db.close()
 
+    @property
+    def replica(self) -> str:
+        return self._replica
+
+    def values(self, row: RequestRow | FallbackRow) -> tuple[bool, Values]:
+        """A row object as `write_values` takes it: (is a request row, its values)."""
+        if isinstance(row, FallbackRow):
+            return False, fallback_values(self._replica, row)
+        return True, _IN_INSERT_ORDER(request_values(self._replica, row))
+
     def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+        self.write_values([self.values(r)[1] for r in requests],
+                          [self.values(r)[1] for r in fallbacks])
+
+    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values]) -> None:
+        """One transaction: request rows in `encode.COLUMNS` order, fallback rows."""
         if not self._open:
             self.open()
         with self.db.transaction() as cursor:
             if requests:
-                cursor.executemany(sql(insert_sql("request_rows", REQUEST_COLUMNS), self.db),
-                                   [request_values(self._replica, r) for r in requests])
+                cursor.executemany(sql(_INSERT_REQUESTS, self.db), requests)
             if fallbacks:
-                cursor.executemany(
-                    sql(insert_sql("fallback_transitions", FALLBACK_COLUMNS), self.db),
-                    [fallback_values(self._replica, r) for r in fallbacks])
+                cursor.executemany(sql(_INSERT_FALLBACKS, self.db), fallbacks)
 
     def maintain(self, now: float) -> Maintenance:
         """Daily rollups and raw-row retention (rollup.py)."""

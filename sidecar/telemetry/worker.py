@@ -38,6 +38,7 @@ from typing import Any
 from sidecar.config.service_settings import Telemetry
 from sidecar.operations.log_format import configure
 from sidecar.telemetry.database import open_database
+from sidecar.telemetry.encode import RowEncoder
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import (
@@ -46,11 +47,11 @@ from sidecar.telemetry.rows import (
     JoinedRequest,
     Price,
     RequestResult,
-    RequestRow,
-    RowBuilder,
+    request_row,
 )
+from sidecar.telemetry.schema import fallback_values
 from sidecar.telemetry.store import TelemetryStore
-from sidecar.telemetry.writer import TelemetryWriter
+from sidecar.telemetry.writer import Prepared, TelemetryWriter
 
 REPORT_S = 0.5
 # How long the first report waits for the store's schema (a database that does not answer
@@ -76,38 +77,41 @@ def prices_of(records: dict[str, tuple[float, float]]) -> dict[str, Price]:
 
 
 class Worker:
-    """The join, the row builder, the counters and the writer, fed by `take`."""
+    """The join, the encoder, the counters and the writer, fed by `take`."""
 
     def __init__(self, start: Start, writer: TelemetryWriter | None = None) -> None:
         settings = start.settings
-        self.build = RowBuilder(prices_of(start.prices))
+        store = TelemetryStore(open_database(settings), settings.replica,
+                               settings.raw_retention_days)
+        self.encoder = RowEncoder(settings.replica, prices_of(start.prices))
         self.counts: RowCounts = Counter()
         self._counting = threading.Lock()
-        spans = None
+        self.spans = None
         if settings.traces is not None:
             from sidecar.telemetry.traces import RequestSpans
 
-            spans = RequestSpans(settings.traces)
-        self.spans = spans
-        observers = [self._count]
-        if spans is not None:
-            observers.append(lambda row: spans.record(row) if isinstance(row, RequestRow)
-                             else None)
+            self.spans = RequestSpans(settings.traces)
         self.writer = writer or TelemetryWriter(
-            TelemetryStore(open_database(settings), settings.replica,
-                           settings.raw_retention_days),
-            queue_size=settings.queue_size, prepare=self.build, observers=observers,
+            store, queue_size=settings.queue_size, prepare=self._prepare,
             maintenance_interval_s=settings.rollup_interval_minutes * 60)
         self.joiner = Joiner(self._emit, max_pending=settings.max_pending,
                              max_age_s=start.max_age_s)
 
-    def _count(self, row: RequestRow | FallbackRow) -> None:
-        with self._counting:  # rows are counted on the writer thread, reported on this one
-            count_row(self.counts, row)
+    def _prepare(self, item: JoinedRequest | FallbackRow) -> Prepared:
+        """On the writer thread: the row's values, counted (and traced) as they are made."""
+        with self._counting:  # counted on the writer thread, reported on the reading one
+            if isinstance(item, FallbackRow):
+                count_row(self.counts, item)
+                return False, fallback_values(self.encoder.replica, item)
+            values = self.encoder.request(item, self.counts)
+        if self.spans is not None:
+            self.spans.record(request_row(item.record, item.result, self.encoder.prices,
+                                          item.join, item.at))
+        return True, values
 
     def _emit(self, item: JoinedRequest | FallbackRow) -> None:
         if not self.writer.offer(item):  # full: the row is lost, its counters are not
-            self._count(self.build(item))
+            self._prepare(item)
 
     def take(self, batch: list[bytes]) -> None:
         """One message: the items, each marshalled on its own (handoff.py)."""
@@ -121,7 +125,7 @@ class Worker:
             elif kind == "f":
                 self._emit(FallbackRow(*record))
             elif kind == "p":
-                self.build.reprice(prices_of(record))
+                self.encoder.reprice(prices_of(record))
 
     def status(self) -> dict[str, Any]:
         """What the sidecar shows in /metrics; the counts are those made since the last

@@ -1,14 +1,11 @@
 """The background writer: rows leave the event loop through a bounded buffer and reach the
 store in batches on one thread (docs/telemetry.md §3).
 
-The event loop only calls `offer`: one `deque.append` (atomic, no lock, no wake-up), or a
-drop counted when `queue_size` rows are already waiting. The writer thread wakes every
-`flush_interval_s`, takes what is there, makes the rows (counting and tracing them) and
-writes them in chunks of `batch_size`, stepping aside every 20 rows so the loop never waits
-for the interpreter lock behind a long batch. A
-`queue.Queue` measured far worse here: its per-row lock and wake-up cost the loop CPU and
-made the writer thread fight the loop for the lock on every row (p99 +12 ms at one request
-at a time, bench/results/telemetry_cost.md).
+It runs in the telemetry worker process (worker.py), whose reading thread only calls
+`offer`: one `deque.append` (atomic, no lock, no wake-up), or a drop counted when
+`queue_size` rows are already waiting. The writer thread wakes every `flush_interval_s`,
+takes what is there, has `prepare` make each item into a row's values (the worker's
+encoder counts and traces them there) and writes them in chunks of `batch_size`.
 
 A failing store drops the chunk, counts it, logs at most once a minute per kind and is
 reopened on the next chunk after a pause that doubles up to 30 s; the request path never
@@ -28,13 +25,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.telemetry.rows import FallbackRow, RequestRow
 
-Row = RequestRow | FallbackRow
-# Rows made between two hand-overs of the interpreter lock (~15 µs each), and how long the
-# thread steps aside: a request never waits behind more than a slice (bench/telemetry_cost).
-_SLICE = 20
-_YIELD_S = 0.0002
+Values = tuple[object, ...]
+# What `prepare` makes of an item: (a request row or else a fallback row, its values).
+Prepared = tuple[bool, Values]
 
 log = logging.getLogger("sidecar.telemetry")
 _limited = LogLimiter(log, burst=1, interval=60.0)
@@ -44,7 +38,10 @@ class Store(Protocol):
     def open(self) -> None:
         ...
 
-    def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+    def values(self, row: Any) -> Prepared:
+        ...
+
+    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values]) -> None:
         ...
 
     def close(self) -> None:
@@ -55,18 +52,16 @@ class Store(Protocol):
 
 
 class TelemetryWriter:
-    """`prepare` turns what was offered into a row on this thread (the join offers pairs
-    unbuilt); each `observer` (metrics, spans) sees every row before it is stored."""
+    """`prepare` turns what was offered into a row's values on this thread (the join offers
+    pairs unbuilt); by default items are row objects (`store.values`)."""
 
     def __init__(self, store: Store, queue_size: int = 10_000, batch_size: int = 200,
                  flush_interval_s: float = 0.25,
                  maintenance_interval_s: float | None = None,
                  first_maintenance_s: float = 60.0,
-                 prepare: Callable[[Any], Row] = lambda row: row,
-                 observers: Sequence[Callable[[Row], object]] = ()) -> None:
+                 prepare: Callable[[Any], Prepared] | None = None) -> None:
         self._store = store
-        self._prepare = prepare
-        self._observers = tuple(observers)
+        self._prepare = prepare or store.values
         self._buffer: deque[Any] = deque()
         self._limit = queue_size
         self._batch_size = batch_size
@@ -132,11 +127,7 @@ class TelemetryWriter:
             take = min(pending, self._batch_size)
             chunk = [self._buffer.popleft() for _ in range(take)]
             pending -= take
-            rows: list[Row] = []
-            for start in range(0, take, _SLICE):
-                rows += self._rows(chunk[start:start + _SLICE])
-                time.sleep(_YIELD_S)  # hand the interpreter to the event loop
-            self._write(rows)
+            self._write(*self._rows(chunk))
 
     def _maybe_maintain(self) -> None:
         if self._maintenance_interval is None or time.monotonic() < self._next_maintenance:
@@ -153,32 +144,31 @@ class TelemetryWriter:
         self.maintenance_runs["ok"] += 1
         log.info("telemetry maintenance: %s", done)
 
-    def _rows(self, chunk: list[Any]) -> list[Row]:
-        rows = []
+    def _rows(self, chunk: list[Any]) -> tuple[list[Values], list[Values]]:
+        requests: list[Values] = []
+        fallbacks: list[Values] = []
+        prepare = self._prepare
         for item in chunk:
             try:
-                row = self._prepare(item)
-                for observe in self._observers:
-                    observe(row)
+                is_request, values = prepare(item)
             except Exception:  # a bug, not the database: skip the row, keep the thread
                 _limited.exception("telemetry_row", "telemetry row could not be made")
                 continue
-            rows.append(row)
-        return rows
+            (requests if is_request else fallbacks).append(values)
+        return requests, fallbacks
 
-    def _write(self, rows: list[Row]) -> None:
-        requests = [r for r in rows if isinstance(r, RequestRow)]
-        fallbacks = [r for r in rows if isinstance(r, FallbackRow)]
+    def _write(self, requests: list[Values], fallbacks: list[Values]) -> None:
+        rows = len(requests) + len(fallbacks)
         try:
-            self._store.write(requests, fallbacks)
+            self._store.write_values(requests, fallbacks)
         except Exception:
-            self.dropped["write_error"] += len(rows)
+            self.dropped["write_error"] += rows
             _limited.exception("telemetry_write", "telemetry batch of %d rows dropped",
-                               len(rows))
+                               rows)
             with contextlib.suppress(Exception):
                 self._store.close()
             self._pause = min(30.0, max(0.5, self._pause * 2))
             self._stop.wait(self._pause)
             return
         self._pause = 0.0
-        self.written += len(rows)
+        self.written += rows

@@ -15,10 +15,11 @@ from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.rows import (
     DecisionFacts,
     DecisionRecord,
+    JoinedRequest,
     RequestResult,
     RequestRow,
-    RowBuilder,
     decision_record,
+    request_row,
 )
 from tests.unit.routing.helpers import config, request, snapshot, warm
 
@@ -64,8 +65,11 @@ def result(request_id: str, **fields) -> RequestResult:
 def joiner(**kw) -> tuple[Joiner, list[RequestRow], Clock]:
     rows: list[RequestRow] = []
     clock = Clock()
-    build = RowBuilder(PRICES)
-    return Joiner(lambda item: rows.append(build(item)), clock=clock,
+
+    def build(item: JoinedRequest) -> None:
+        rows.append(request_row(item.record, item.result, PRICES, item.join, item.at))
+
+    return Joiner(build, clock=clock,
                   wall_clock=lambda: 1_700_000_500.0, **kw), rows, clock
 
 

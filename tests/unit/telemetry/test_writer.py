@@ -102,7 +102,10 @@ class StalledStore:
     def open(self) -> None:
         pass
 
-    def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+    def values(self, row: RequestRow | FallbackRow) -> tuple[bool, tuple[object, ...]]:
+        return isinstance(row, RequestRow), (row.request_id,)
+
+    def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple]) -> None:
         self.release.wait(30)
         if self.fail_next:
             self.fail_next = False
@@ -154,22 +157,21 @@ def test_maintenance_runs_on_the_writer_thread_on_schedule_and_survives_errors()
     assert writer.written == 1
 
 
-def test_rows_are_made_and_observed_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
+def test_rows_are_made_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
     seen: list[tuple[str, str]] = []
     written: list[int] = []
 
     class Counting(StalledStore):
-        def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+        def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple]) -> None:
             written.append(len(requests))
 
-    def prepare(n: int) -> RequestRow:
+    def prepare(n: int) -> tuple[bool, tuple[object, ...]]:
         if n == 3:
             raise ValueError("a bug in row building")
-        return row(n)
+        seen.append((threading.current_thread().name, f"r{n}"))
+        return True, (f"r{n}",)
 
-    writer = TelemetryWriter(Counting(), flush_interval_s=0.01, prepare=prepare,
-                             observers=[lambda r: seen.append(
-                                 (threading.current_thread().name, r.request_id))]).start()
+    writer = TelemetryWriter(Counting(), flush_interval_s=0.01, prepare=prepare).start()
     for n in range(50):
         assert writer.offer(n)
     wait_for(lambda: sum(written) == 49)
