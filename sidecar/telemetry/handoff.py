@@ -55,10 +55,11 @@ _CUMULATIVE = ("evicted", "expired", "log_only", "duplicates", "written")
 
 
 class TelemetryHandoff:
-    def __init__(self, start: Start, add_counts: AddCounts, queue_size: int) -> None:
+    def __init__(self, start: Start, add_counts: AddCounts, limit: int) -> None:
+        """`limit`: the most items held for the worker (`telemetry.handoff_size`)."""
         self._start = start
         self._add_counts = add_counts
-        self._limit = queue_size
+        self._limit = limit
         self._buffer: list[bytes] = []   # each item marshalled
         self._channel: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -90,7 +91,7 @@ class TelemetryHandoff:
     def _add(self, item: tuple[str, Any]) -> None:
         """Encoded at once: bytes are no work for the garbage collector, whereas the tuple
         and the trace's maps it holds, kept until the next flush, would outlive a young
-        collection and make full ones come sooner (docs/telemetry.md §8)."""
+        collection and make full ones come sooner (docs/telemetry.md §3)."""
         buffer = self._buffer
         if len(buffer) >= self._limit:
             self.dropped += 1
@@ -108,7 +109,7 @@ class TelemetryHandoff:
         """A reload's prices, for rows joined from now on (and for a restarted worker)."""
         records = price_records(prices)
         self._start = replace(self._start, prices=records)
-        self._add(("p", records))
+        self._buffer.append(marshal.dumps(("p", records)))  # past the limit: never dropped
 
     # ---- the worker ---------------------------------------------------------------------
 

@@ -50,13 +50,13 @@ def result(request_id: str, target: str = "p/a") -> RequestResult:
     return RequestResult(request_id, 200, target, 1, "ok", 120.0, 30.0, 1000, 500, 0)
 
 
-def handoff(tmp_path: Path, queue_size: int = 10_000) -> tuple[TelemetryHandoff, Counter]:
+def handoff(tmp_path: Path, limit: int = 10_000) -> tuple[TelemetryHandoff, Counter]:
     counted: Counter = Counter()
     prices = {"p/a": Pricing(input_per_mtok=1, output_per_mtok=4)}
-    start = Start(Telemetry(sqlite_path=tmp_path / "t.db", queue_size=queue_size), 60.0,
+    start = Start(Telemetry(sqlite_path=tmp_path / "t.db"), 60.0,
                   {t: (p.input_per_mtok, p.output_per_mtok) for t, p in prices.items()},
                   "WARNING", "text")
-    return TelemetryHandoff(start, counted.update, queue_size), counted
+    return TelemetryHandoff(start, counted.update, limit), counted
 
 
 def stored(tmp_path: Path, sql: str) -> list[tuple]:
@@ -116,7 +116,7 @@ def test_a_stalled_worker_costs_counted_rows_and_never_blocks_the_sidecar(
     machine four times slower), holds at most `queue_size` items, and counts the rest;
     once the worker runs again the held items are written."""
     async def run() -> None:
-        channel = await handoff(tmp_path, queue_size=5_000)[0].start()
+        channel = await handoff(tmp_path, limit=5_000)[0].start()
         facts = [decision(f"r{n}") for n in range(20_000)]
         results = [result(f"r{n}") for n in range(20_000)]
         began = time.perf_counter()
@@ -185,3 +185,22 @@ def test_a_value_the_wire_cannot_carry_is_counted_not_raised(tmp_path: Path,
         return channel
 
     assert asyncio.run(run()).gauges()["telemetry_dropped_handoff"] >= 1
+
+
+def test_a_reload_reprices_the_rows_joined_after_it(tmp_path: Path) -> None:
+    async def run() -> None:
+        channel = await handoff(tmp_path, limit=1)[0].start()
+        channel.decided(decision("before"))
+        channel.finished(result("before"))  # over the limit of 1: dropped, and counted
+        channel.flush()
+        channel.reprice({"p/a": Pricing(input_per_mtok=10, output_per_mtok=40)})
+        channel.flush()
+        channel.decided(decision("after"))
+        channel.flush()
+        channel.finished(result("after"))
+        await channel.stop()
+
+    asyncio.run(run())
+    assert stored(tmp_path, "SELECT request_id, join_kind, round(cost_usd, 6) FROM "
+                  "request_rows ORDER BY request_id") == [
+        ("after", "joined", 0.03), ("before", "decision_only", None)]
