@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from sidecar.config.models import ModelGroup
 from sidecar.config.policy import Complexity, DynamicScorePolicy, ScoreTerm
@@ -137,7 +136,7 @@ class DynamicScore:
         if signals.request_shape.enabled:
             trace.request_shape = request_shape_buckets(request)
         features = self._features_of(request)
-        trace.prompt_features = tuple(sorted(feature.value for feature in features))
+        trace.prompt_features = tuple(sorted(features))
         bucket = complexity(request, features, signals)
         trace.complexity = bucket.bucket.value if bucket else None
 
@@ -166,8 +165,7 @@ class DynamicScore:
         hot = tuple(warm[index] for index in indices)
         blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot)
         trace.cold_start = blend.cold_start
-        trace.defer_candidates(partial(_candidate_rows, eligible, blend))
-        trace.defer_figures(partial(_figures, eligible, blend))
+        trace.defer_candidates(_BlendRows(eligible, blend))
         trace.order = "blended_shares" if blend.blended else "weight_shares"
         if blend.blended:
             trace.blend = self._blend_trace
@@ -233,25 +231,36 @@ class DynamicScore:
         return kept
 
 
-def _candidate_rows(eligible: Sequence[TargetChoice], blend: Blend,
-                    only: str | None = None) -> list[CandidateTrace]:
-    return [
-        CandidateTrace(c.label, round(share, 6), candidate.warm, candidate.observations.count,
-                       {k: round(v, 6) for k, v in s.items()},
-                       None if value is None else round(value, 6), round(f, 6))
-        for c, candidate, share, s, value, f in zip(
-            eligible, blend.candidates, blend.shares, blend.scores, blend.values, blend.final,
-            strict=True)
-        if only is None or c.label == only
-    ]
+class _BlendRows:
+    """The candidate rows of a blended decision, built when read (trace.py), and the
+    selected target's figures without its row (what a telemetry row needs)."""
 
+    __slots__ = ("_blend", "_eligible")
 
-def _figures(eligible: Sequence[TargetChoice], blend: Blend, target: str) -> Figures | None:
-    for index, choice in enumerate(eligible):
-        if choice.label == target:
-            return (blend.scores[index], blend.values[index], blend.final[index],
-                    blend.candidates[index].observations.count)
-    return None
+    def __init__(self, eligible: Sequence[TargetChoice], blend: Blend) -> None:
+        self._eligible = eligible
+        self._blend = blend
+
+    def __call__(self, only: str | None = None) -> list[CandidateTrace]:
+        blend = self._blend
+        return [
+            CandidateTrace(c.label, round(share, 6), candidate.warm,
+                           candidate.observations.count,
+                           {k: round(v, 6) for k, v in s.items()},
+                           None if value is None else round(value, 6), round(f, 6))
+            for c, candidate, share, s, value, f in zip(
+                self._eligible, blend.candidates, blend.shares, blend.scores, blend.values,
+                blend.final, strict=True)
+            if only is None or c.label == only
+        ]
+
+    def figures(self, target: str) -> Figures | None:
+        blend = self._blend
+        for index, choice in enumerate(self._eligible):
+            if choice.label == target:
+                return (blend.scores[index], blend.values[index], blend.final[index],
+                        blend.candidates[index].observations.count)
+        return None
 
 
 def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,

@@ -68,9 +68,6 @@ class DecisionTrace:
     # every score of every candidate costs more than the rest of a decision, and most
     # decisions are never explained or logged. Readers get the same rows either way.
     _candidates: list[CandidateTrace] | RowBuilder = field(default_factory=list, init=False)
-    # A cheaper way to one target's figures than its row, where a strategy has one (a class
-    # attribute, not a field: `to_dict` leaves it out).
-    _figures = None
 
     @property
     def candidates(self) -> list[CandidateTrace]:
@@ -89,16 +86,15 @@ class DecisionTrace:
 
     def figures(self, target: str) -> Figures | None:
         """One candidate's figures as they were computed (the telemetry row buckets them:
-        telemetry/rows.py), without building its row where the strategy can help."""
-        figures: Callable[[str], Figures | None] | None = self._figures
+        telemetry/rows.py), without building its row where the deferred rows can give
+        them (a `figures` method beside the call)."""
+        figures: Callable[[str], Figures | None] | None = getattr(
+            self._candidates, "figures", None)
         if figures is not None:
             return figures(target)
         row = self.candidate(target)
         return None if row is None else (row.scores, row.term_value, row.final_share,
                                          row.observations)
-
-    def defer_figures(self, figures: Callable[[str], Figures | None]) -> None:
-        self._figures = figures
 
     def defer_candidates(self, build: RowBuilder) -> None:
         """`candidates` will be `build(None)`, called on first read (if any); `build(label)`

@@ -170,7 +170,9 @@ def decision_record(facts: DecisionFacts) -> tuple:
         shape = request_shape_buckets(facts.summary)
     return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
             facts.cache, facts.traceparent, trace.strategy, trace.cold_start, trace.signals,
-            shape, trace.complexity, trace.prompt_features, trace.exclusions,
+            shape, trace.complexity,
+            tuple(map(str, trace.prompt_features)) if trace.prompt_features else (),
+            trace.exclusions,
             trace.candidate_count, trace.reasoning, str(trace.affinity), trace.probe,
             trace.external, selected, *(figures or (None, None, None, None)))
 
@@ -180,12 +182,6 @@ def result_record(result: RequestResult) -> tuple:
     return (result.request_id, result.status, result.serving_target, result.attempts,
             result.error_class, result.latency_ms, result.ttfb_ms, result.input_tokens,
             result.output_tokens, result.cached_tokens)
-
-
-def fallback_record(row: FallbackRow) -> tuple:
-    """`row` as a plain tuple in its fields' order (`FallbackRow(*record)`)."""
-    return (row.request_id, row.at, row.group, row.from_target, row.to_target, row.attempt,
-            row.failure)
 
 
 class Price(NamedTuple):
