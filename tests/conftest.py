@@ -28,8 +28,7 @@ def postgres_admin_dsn() -> Iterator[str]:
         with postgres_server() as dsn:
             yield dsn
     except PostgresNotInstalled as exc:
-        warnings.warn(f"PostgreSQL tests SKIPPED: {exc}", stacklevel=1)
-        pytest.skip(f"PostgreSQL is not installed here: {exc}")
+        _skip_loudly("PostgreSQL", exc)
 
 
 @pytest.fixture
@@ -47,5 +46,10 @@ def redis() -> Iterator[RedisServer]:
         with redis_server() as server:
             yield server
     except RedisNotInstalled as exc:
-        warnings.warn(f"Redis tests SKIPPED: {exc}", stacklevel=1)
-        pytest.skip(f"Redis is not installed here: {exc}")
+        _skip_loudly("Redis", exc)
+
+
+def _skip_loudly(server: str, why: Exception) -> None:
+    """A server that is not installed skips its tests, with a warning in the summary."""
+    warnings.warn(f"{server} tests SKIPPED: {why}", stacklevel=2)
+    pytest.skip(f"{server} is not installed here: {why}")

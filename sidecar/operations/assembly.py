@@ -43,18 +43,6 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Telemetry:
-    """The hand-over to the telemetry worker process and the metrics it reports into
-    (docs/telemetry.md)."""
-
-    handoff: TelemetryHandoff
-    metrics: Metrics
-
-    async def stop(self) -> None:
-        await self.handoff.stop()
-
-
-@dataclass
 class RunningSidecar:
     server: GrpcServer | GrpcioServer
     admin: AdminServer
@@ -65,7 +53,7 @@ class RunningSidecar:
     max_request_s: float
     metrics: Metrics
     processor: ExternalProcessor
-    telemetry: Telemetry | None = field(default=None)
+    telemetry: TelemetryHandoff | None = field(default=None)
     reloader: Reloader | None = field(default=None)
     # External routing clients a reload replaced: closed once their calls are done.
     _retired: list[ExternalCalls] = field(default_factory=list)
@@ -107,7 +95,7 @@ def longest_request_s(config: SidecarConfig) -> float:
     return max(deadlines) + 2 * config.observations.flush_interval_ms / 1000 + 1
 
 
-def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
+def telemetry_for(config: SidecarConfig, metrics: Metrics) -> TelemetryHandoff:
     """The hand-over to a worker process that joins, counts, traces and stores the rows.
     Raises what the settings would raise in the worker (an unreadable DSN, a missing extra)
     here, at start, rather than there."""
@@ -115,12 +103,10 @@ def telemetry_for(config: SidecarConfig, store: ObservationStore) -> Telemetry:
     open_database(settings)
     if settings.traces is not None:
         RequestSpans.check_available()
-    metrics = Metrics(store)
     level, log_format = log_format_now()
     start = Start(settings, longest_request_s(config), price_records(config.target_prices),
                   level, log_format)
-    handoff = TelemetryHandoff(start, metrics.add_counts, settings.handoff_size)
-    return Telemetry(handoff, metrics)
+    return TelemetryHandoff(start, metrics.add_counts, settings.handoff_size)
 
 
 async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: str,
@@ -137,17 +123,17 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     check_exposure(host, admin_token)
     store = observation_store(config)
     enabled = config.observations.enabled
-    telemetry = (telemetry_for(config, store)
+    metrics = Metrics(store)
+    telemetry = (await telemetry_for(config, metrics).start()
                  if enabled and config.telemetry.enabled else None)
-    handoff = await telemetry.handoff.start() if telemetry is not None else None
     external = ExternalCalls.for_config(config)
     caches = ResponseCaches.for_config(config, longest_request_s(config))
     # Always there (a reload may give a caller quotas); a caller without any costs one
     # dictionary lookup.
     quotas = Quotas(config, longest_request_s(config))
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
-                      telemetry=handoff, external=external, caches=caches, quotas=quotas)
-    sinks = [sink for sink in (handoff, quotas.ledger) if sink is not None]
+                      telemetry=telemetry, external=external, caches=caches, quotas=quotas)
+    sinks = [sink for sink in (telemetry, quotas.ledger) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=FanOut(sinks))
@@ -160,9 +146,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         if telemetry is not None:
             await telemetry.stop()
         raise
-    metrics = telemetry.metrics if telemetry is not None else Metrics(store)
     if telemetry is not None:
-        metrics.add_gauges(telemetry.handoff.gauges)
+        metrics.add_gauges(telemetry.gauges)
     metrics.add_gauges(lambda: {f"grpc_{name}": float(value)
                                 for name, value in server.counters.as_dict().items()})
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})

@@ -152,7 +152,7 @@ def apply(sidecar: RunningSidecar, config: SidecarConfig, runtime: Runtime) -> N
     if gateway.quotas is not None:
         gateway.quotas.reconfigure(config)
     if sidecar.telemetry is not None:
-        sidecar.telemetry.handoff.reprice(config.target_prices)
+        sidecar.telemetry.reprice(config.target_prices)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

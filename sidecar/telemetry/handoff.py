@@ -51,7 +51,7 @@ log = logging.getLogger("sidecar.telemetry")
 _limited = LogLimiter(log, burst=1, interval=60.0)
 AddCounts = Callable[[Mapping[tuple[str, ...], int]], None]
 # The worker's figures that only grow: a restarted worker's start from zero again.
-_CUMULATIVE = ("evicted", "expired", "log_only", "duplicates", "written")
+_CUMULATIVE = ("evicted", "written")
 
 
 class TelemetryHandoff:

@@ -10,7 +10,6 @@ tokens or request ids.
 
 from __future__ import annotations
 
-from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,8 +22,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sidecar.observe.store import ObservationStore
-from sidecar.telemetry.row_counts import RowCounts, count_row
-from sidecar.telemetry.rows import FallbackRow, RequestRow
 from sidecar.telemetry.timing import HandlingTimes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -78,12 +75,6 @@ class Metrics:
         `sidecar_<name>_total{labels…}`. Its label values must be configuration names or
         fixed enums."""
         self.registry.register(_CountedElsewhere(name, text, labels, read))
-
-    def record(self, row: RequestRow | FallbackRow) -> None:
-        """Count one row."""
-        counts: RowCounts = Tally()
-        count_row(counts, row)
-        self.add_counts(counts)
 
     def add_counts(self, counts: Mapping[tuple[str, ...], int]) -> None:
         """Add what the worker counted since its last report (row_counts.py)."""

@@ -135,8 +135,7 @@ class Worker:
         writer, joiner = self.writer, self.joiner
         return {"depth": writer.depth, "dropped": dict(writer.dropped),
                 "written": writer.written, "pending": len(joiner), "evicted": joiner.evicted,
-                "expired": joiner.expired, "log_only": joiner.log_only,
-                "duplicates": joiner.duplicates, "counts": dict(counts)}
+                "counts": dict(counts)}
 
     def unsent(self, status: dict[str, Any]) -> None:
         with self._counting:

@@ -3,11 +3,13 @@ scrape time, labels from the configuration only."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
 from sidecar.telemetry.metrics import Metrics
+from sidecar.telemetry.row_counts import count_row
 from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
 
 
@@ -21,10 +23,11 @@ def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:
     row = request_row(None, RequestResult("r1", 200, "p/a", 1, "ok"), {}, "joined", 0.0)
     row = replace(row, group="g", strategy="dynamic_score", selected_target="p/a",
                   affinity="hit", exclusions="p/b:thresholds.ejected,p/c:hard_filters.x")
-    metrics.record(row)
-    metrics.record(row)
-    metrics.record(replace(row, strategy=""))  # log-only: not a decision
-    metrics.record(FallbackRow("r1", 0.0, "g", "p/b", "p/a", 1, "server_error"))
+    counts: Counter = Counter()  # as the worker counts and reports them
+    for made in (row, row, replace(row, strategy=""),  # log-only: not a decision
+                 FallbackRow("r1", 0.0, "g", "p/b", "p/a", 1, "server_error")):
+        count_row(counts, made)
+    metrics.add_counts(counts)
     depth["telemetry_queue_depth"] = 7.0
     text = metrics.exposition().decode()
     assert ('sidecar_decisions_total{group="g",status_class="2xx",strategy="dynamic_score",'
