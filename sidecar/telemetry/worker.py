@@ -51,7 +51,7 @@ from sidecar.telemetry.rows import (
 )
 from sidecar.telemetry.schema import fallback_values
 from sidecar.telemetry.store import TelemetryStore
-from sidecar.telemetry.writer import Prepared, TelemetryWriter
+from sidecar.telemetry.writer import Pacing, Prepared, TelemetryWriter
 
 REPORT_S = 0.5
 # How long the first report waits for the store's schema (a database that does not answer
@@ -91,9 +91,11 @@ class Worker:
             from sidecar.telemetry.traces import RequestSpans
 
             self.spans = RequestSpans(settings.traces)
+        background = settings.worker_priority == "background"
         self.writer = writer or TelemetryWriter(
             store, queue_size=settings.queue_size, prepare=self._prepare,
-            maintenance_interval_s=settings.rollup_interval_minutes * 60)
+            maintenance_interval_s=settings.rollup_interval_minutes * 60,
+            pacing=Pacing(while_below=settings.queue_size // 2) if background else None)
         self.joiner = Joiner(self._emit, max_pending=settings.max_pending,
                              max_age_s=start.max_age_s)
 
@@ -188,8 +190,11 @@ def _report(channel: socket.socket, worker: Worker) -> None:
 
 
 def run_in_background() -> None:
-    """Only on CPU nothing else wants: a request's process that wakes up preempts this one
-    at once (SCHED_IDLE), where a nice value would still share time slices with it."""
+    """Only on CPU nothing else wants: a process of the sidecar's own scheduling group that
+    wakes up preempts this one at once (SCHED_IDLE), where a nice value would still share
+    time slices with it. Processes in other groups (Envoy in its own session or container)
+    compete with the group as a whole; for them the writer's pacing keeps each of this
+    process's runs short (writer.py, docs/telemetry.md §8)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux

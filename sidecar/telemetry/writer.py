@@ -7,6 +7,12 @@ It runs in the telemetry worker process (worker.py), whose reading thread only c
 takes what is there, has `prepare` make each item into a row's values (the worker's
 encoder counts and traces them there) and writes them in chunks of `batch_size`.
 
+In the worker the writer is paced (`Pacing`): while it keeps up it writes small chunks and
+rests between them, so it never holds a CPU for long. Its scheduling class alone does not
+give way at once to the request path's processes when they sit in other scheduling groups
+(sessions, containers), and a long run then delays them; measured in docs/telemetry.md §8.
+Once half the queue waits it writes full chunks without rests: it must not fall behind.
+
 A failing store drops the chunk, counts it, logs at most once a minute per kind and is
 reopened on the next chunk after a pause that doubles up to 30 s; the request path never
 notices. The same thread runs the store's maintenance (daily rollups, retention) every
@@ -22,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sidecar.grpcwire.ratelimit import LogLimiter
@@ -51,6 +58,17 @@ class Store(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """While fewer than `while_below` rows wait: chunks of `chunk` rows, `rest_s` apart.
+    16 rows are ~0.2 ms of the worker's CPU here; with 2 ms rests it takes about 7,000 rows
+    per second before it stops resting."""
+
+    while_below: int
+    chunk: int = 16
+    rest_s: float = 0.002
+
+
 class TelemetryWriter:
     """`prepare` turns what was offered into a row's values on this thread (the join offers
     pairs unbuilt); by default items are row objects (`store.values`)."""
@@ -59,7 +77,9 @@ class TelemetryWriter:
                  flush_interval_s: float = 0.25,
                  maintenance_interval_s: float | None = None,
                  first_maintenance_s: float = 60.0,
-                 prepare: Callable[[Any], Prepared] | None = None) -> None:
+                 prepare: Callable[[Any], Prepared] | None = None,
+                 pacing: Pacing | None = None,
+                 rest: Callable[[float], bool] | None = None) -> None:
         self._store = store
         self._prepare = prepare or store.values
         self._buffer: deque[Any] = deque()
@@ -78,6 +98,8 @@ class TelemetryWriter:
         self._thread = threading.Thread(target=self._run, name="telemetry-writer",
                                         daemon=True)
         self._pause = 0.0
+        self.pacing = pacing
+        self._rest = rest or self._stop.wait  # True once closing: no more rests
 
     def start(self) -> TelemetryWriter:
         self._thread.start()
@@ -119,15 +141,25 @@ class TelemetryWriter:
 
     def _drain(self, stopping: bool) -> None:
         """Write what is buffered now, a chunk at a time (rows arriving meanwhile wait for
-        the next wake-up, so one drain is bounded)."""
+        the next wake-up, so one drain is bounded), resting between chunks when paced."""
         pending = len(self._buffer)
+        resting = not stopping
         while pending > 0:
             if stopping and time.monotonic() > self._deadline:
                 return
-            take = min(pending, self._batch_size)
+            paced = self._paced() if resting else None
+            take = min(pending, paced.chunk if paced else self._batch_size)
             chunk = [self._buffer.popleft() for _ in range(take)]
             pending -= take
             self._write(*self._rows(chunk))
+            if paced and pending:
+                resting = not self._rest(paced.rest_s)  # closing: the rest goes at once
+
+    def _paced(self) -> Pacing | None:
+        pacing = self.pacing
+        if pacing is None or len(self._buffer) >= pacing.while_below:
+            return None
+        return pacing
 
     def _maybe_maintain(self) -> None:
         if self._maintenance_interval is None or time.monotonic() < self._next_maintenance:

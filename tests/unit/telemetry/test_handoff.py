@@ -22,7 +22,8 @@ from sidecar.routing.decision import Decision
 from sidecar.routing.router import Router
 from sidecar.telemetry.handoff import TelemetryHandoff
 from sidecar.telemetry.rows import DecisionFacts, RequestResult
-from sidecar.telemetry.worker import Start
+from sidecar.telemetry.worker import Start, Worker
+from sidecar.telemetry.writer import Pacing
 from tests.unit.routing.helpers import config, request, snapshot, warm
 
 GROUP = config("""
@@ -204,3 +205,15 @@ def test_a_reload_reprices_the_rows_joined_after_it(tmp_path: Path) -> None:
     assert stored(tmp_path, "SELECT request_id, join_kind, round(cost_usd, 6) FROM "
                   "request_rows ORDER BY request_id") == [
         ("after", "joined", 0.03), ("before", "decision_only", None)]
+
+
+@pytest.mark.parametrize("priority", ["background", "normal"])
+def test_a_background_worker_paces_its_writes_and_a_normal_one_does_not(
+        tmp_path: Path, priority: str) -> None:
+    """The pacing is what keeps the worker out of the request path's way (§8); it gives
+    way to throughput once half the queue waits."""
+    settings = Telemetry(sqlite_path=tmp_path / "t.db", queue_size=1_000,
+                         worker_priority=priority)
+    worker = Worker(Start(settings, 60.0, {}, "WARNING", "text"))
+    expected = Pacing(while_below=500) if priority == "background" else None
+    assert worker.writer.pacing == expected

@@ -15,7 +15,7 @@ from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.rows import FallbackRow, RequestResult, RequestRow, request_row
 from sidecar.telemetry.schema import LATEST
 from sidecar.telemetry.store import TelemetryStore, migrate
-from sidecar.telemetry.writer import TelemetryWriter
+from sidecar.telemetry.writer import Pacing, TelemetryWriter
 
 
 def row(n: int) -> RequestRow:
@@ -178,3 +178,55 @@ def test_rows_are_made_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
     writer.close()
     assert {name for name, _ in seen} == {"telemetry-writer"}
     assert len(seen) == 49 and ("telemetry-writer", "r3") not in seen
+
+
+class Rests:
+    """The writer's rests, recorded instead of slept; `closing_after` rests report a close."""
+
+    def __init__(self, closing_after: int | None = None) -> None:
+        self.taken: list[float] = []
+        self._closing_after = closing_after
+
+    def __call__(self, seconds: float) -> bool:
+        self.taken.append(seconds)
+        return self._closing_after is not None and len(self.taken) >= self._closing_after
+
+
+def paced_drain(rests: Rests, while_below: int, rows: int) -> tuple[TelemetryWriter, list[int]]:
+    """`rows` offered before the writer starts, so its first drain sees them all."""
+    store = StalledStore()
+    store.release.set()
+    store.fail_next = False
+    writer = TelemetryWriter(store, batch_size=50, flush_interval_s=0.01,
+                             pacing=Pacing(while_below=while_below, chunk=16, rest_s=0.002),
+                             rest=rests)
+    for n in range(rows):
+        writer.offer(row(n))
+    writer.start()
+    wait_for(lambda: writer.written == rows)
+    writer.close()
+    return writer, store.batches
+
+
+def test_a_paced_writer_that_keeps_up_writes_small_chunks_with_rests_between() -> None:
+    """Why: a long run of the worker delays request-path processes of other scheduling
+    groups (docs/telemetry.md §8); small chunks with rests keep every run short."""
+    rests = Rests()
+    _, batches = paced_drain(rests, while_below=100, rows=40)
+    assert batches == [16, 16, 8]
+    assert rests.taken == [0.002, 0.002]  # between chunks, none after the last
+
+
+def test_a_paced_writer_that_falls_behind_writes_full_chunks_until_it_has_caught_up() -> None:
+    rests = Rests()
+    writer, batches = paced_drain(rests, while_below=100, rows=300)
+    # Full chunks while 100 or more wait, then paced chunks for the last 50.
+    assert batches == [50, 50, 50, 50, 50, 16, 16, 16, 2]
+    assert rests.taken == [0.002] * 3
+    assert writer.dropped == {"queue_full": 0, "write_error": 0}
+
+
+def test_closing_ends_the_rests_and_writes_the_rest_in_full_chunks() -> None:
+    rests = Rests(closing_after=1)
+    _, batches = paced_drain(rests, while_below=1_000, rows=200)
+    assert batches == [16, 50, 50, 50, 34] and len(rests.taken) == 1
