@@ -32,6 +32,8 @@ from typing import Any
 from sidecar.config.models import Pricing
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Transition
+from sidecar.telemetry.deferral import DeferralPolicy
+from sidecar.telemetry.intake import ITEMS_PER_MESSAGE, MAX_MESSAGE
 from sidecar.telemetry.rows import (
     DecisionFacts,
     RequestResult,
@@ -39,9 +41,9 @@ from sidecar.telemetry.rows import (
     price_records,
     result_record,
 )
-from sidecar.telemetry.worker import MAX_MESSAGE, Start
+from sidecar.telemetry.worker import Start
 
-FLUSH_AT = 64          # items per message; a message stays well below the socket buffer
+FLUSH_AT = ITEMS_PER_MESSAGE  # a message stays well below the socket buffer
 FLUSH_S = 0.05
 SOCKET_BUFFER = 1 << 20
 MAX_PAUSE_S = 30.0
@@ -51,7 +53,7 @@ log = logging.getLogger("sidecar.telemetry")
 _limited = LogLimiter(log, burst=1, interval=60.0)
 AddCounts = Callable[[Mapping[tuple[str, ...], int]], None]
 # The worker's figures that only grow: a restarted worker's start from zero again.
-_CUMULATIVE = ("evicted", "written")
+_CUMULATIVE = ("evicted", "written", "deferrals")
 
 
 class TelemetryHandoff:
@@ -154,21 +156,27 @@ class TelemetryHandoff:
             self._timer = self._loop.call_later(FLUSH_S, self._tick)
 
     def flush(self) -> None:
-        """Send what is buffered, as far as the socket takes it now."""
+        """Send what is buffered, as far as the socket takes it now. The sent items leave
+        the buffer in one cut at the end: cutting a long buffer per message would move
+        all of it each time."""
         channel, buffer = self._channel, self._buffer
-        while buffer and channel is not None:
-            message, self._unsent = self._unsent, None
-            if message is None:
-                message = marshal.dumps(buffer[:FLUSH_AT])
-            try:
-                channel.send(message)
-            except BlockingIOError:  # the worker is behind: the rest waits for a tick
-                self._unsent, self._behind = message, True
-                return
-            except OSError:
-                self._lost()
-                return
-            del buffer[:FLUSH_AT]
+        sent = 0
+        try:
+            while sent < len(buffer) and channel is not None:
+                message, self._unsent = self._unsent, None
+                if message is None:
+                    message = marshal.dumps(buffer[sent:sent + FLUSH_AT])
+                try:
+                    channel.send(message)
+                except BlockingIOError:  # the worker is behind: the rest waits for a tick
+                    self._unsent, self._behind = message, True
+                    return
+                except OSError:
+                    self._lost()
+                    return
+                sent += FLUSH_AT
+        finally:
+            del buffer[:sent]
 
     def _receive(self) -> None:
         channel = self._channel
@@ -232,7 +240,8 @@ class TelemetryHandoff:
         channel, process = self._channel, self._process
         if channel is None or process is None:
             return
-        deadline = time.monotonic() + timeout_s
+        # A worker leaving its input waiting reads again within one deferral (deferral.py).
+        deadline = time.monotonic() + timeout_s + DeferralPolicy().max_defer_s
         while self._buffer and self._channel is not None and time.monotonic() < deadline:
             self.flush()
             if self._buffer:
@@ -262,6 +271,7 @@ class TelemetryHandoff:
             "telemetry_dropped_handoff": self.dropped,
             "telemetry_worker_up": int(self._channel is not None and bool(status)),
             "telemetry_worker_restarts": self.restarts,
+            "telemetry_deferrals": earlier.get("deferrals", 0) + status.get("deferrals", 0),
         }
         for reason in ("queue_full", "write_error"):
             figures[f"telemetry_dropped_{reason}"] = (earlier.get(reason, 0)

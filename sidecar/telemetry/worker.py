@@ -10,9 +10,9 @@ It reads one Unix SEQPACKET socket inherited from the sidecar: the first message
 start settings (`Start`, pickled: it comes from the parent, never from a peer), then
 batches of marshalled `(kind, record)` items in the order things happened — `d` a decision, `r`
 an access-log result, `f` a fallback transition, `p` a reloaded configuration's prices.
-Every `REPORT_S` it sends back a status (queue depth, drops, join counts, and the metric
-counts of the rows made since the last report). End of input (the sidecar closed its end,
-or died) means: write what is buffered, send the last status, exit. SIGINT and SIGTERM
+When and how fast it reads, and its status reports back, are intake.py's. End of input
+(the sidecar closed its end, or died) means: write what is buffered, send the last
+status, exit. SIGINT and SIGTERM
 are ignored: a Ctrl-C or a pod's SIGTERM reaches the sidecar, which closes the socket
 after its own last hand-over, so no row is cut off.
 
@@ -22,7 +22,6 @@ Usage (by handoff.py only):  python -m sidecar.telemetry.worker FD
 from __future__ import annotations
 
 import gc
-import logging
 import marshal
 import os
 import pickle
@@ -38,7 +37,9 @@ from typing import Any
 from sidecar.config.service_settings import Telemetry
 from sidecar.operations.log_format import configure
 from sidecar.telemetry.database import open_database
+from sidecar.telemetry.deferral import CpuPressure, Deferral
 from sidecar.telemetry.encode import RowEncoder
+from sidecar.telemetry.intake import MAX_MESSAGE, Intake
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import (
@@ -52,14 +53,6 @@ from sidecar.telemetry.rows import (
 from sidecar.telemetry.schema import fallback_values
 from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.writer import Pacing, Prepared, TelemetryWriter
-
-REPORT_S = 0.5
-# How long the first report waits for the store's schema (a database that does not answer
-# must not hold the sidecar's start for longer).
-OPEN_WAIT_S = 2.0
-SWEEP_S = 5.0
-MAX_MESSAGE = 1 << 20
-log = logging.getLogger("sidecar.telemetry")
 
 
 @dataclass(frozen=True)
@@ -95,9 +88,11 @@ class Worker:
         self.writer = writer or TelemetryWriter(
             store, queue_size=settings.queue_size, prepare=self._prepare,
             maintenance_interval_s=settings.rollup_interval_minutes * 60,
-            pacing=Pacing(while_below=settings.queue_size // 2) if background else None)
+            pacing=Pacing() if background else None)
         self.joiner = Joiner(self._emit, max_pending=settings.max_pending,
                              max_age_s=start.max_age_s)
+        # In the background, input waits while the CPUs are contended (deferral.py).
+        self.deferral = Deferral() if background else None
 
     def _prepare(self, item: JoinedRequest | FallbackRow) -> Prepared:
         """On the writer thread: the row's values, counted (and traced) as they are made."""
@@ -136,6 +131,7 @@ class Worker:
             counts, self.counts = self.counts, Counter()
         writer, joiner = self.writer, self.joiner
         return {"depth": writer.depth, "dropped": dict(writer.dropped),
+                "deferrals": self.deferral.deferrals if self.deferral else 0,
                 "written": writer.written, "pending": len(joiner), "evicted": joiner.evicted,
                 "counts": dict(counts)}
 
@@ -144,57 +140,13 @@ class Worker:
             self.counts.update(status["counts"])
 
 
-def serve(channel: socket.socket, worker: Worker, close_timeout_s: float) -> None:
-    """Report once the store is open (or `OPEN_WAIT_S` has passed), then read batches
-    until the sidecar's end closes, reporting every REPORT_S."""
-    worker.writer.start()
-    worker.writer.opened.wait(OPEN_WAIT_S)
-    _report(channel, worker)
-    channel.settimeout(REPORT_S)
-    next_report = time.monotonic() + REPORT_S
-    next_sweep = time.monotonic() + SWEEP_S
-    while True:
-        try:
-            message = channel.recv(MAX_MESSAGE)
-        except TimeoutError:
-            message = None
-        except OSError:  # the sidecar is gone: as good as the end of input
-            message = b""
-        if message == b"":
-            break
-        if message:
-            try:
-                worker.take(marshal.loads(message))
-            except Exception:
-                log.exception("telemetry batch could not be read")
-        now = time.monotonic()
-        if now >= next_sweep:
-            next_sweep = now + SWEEP_S
-            worker.joiner.sweep()
-        if now >= next_report:
-            next_report = now + REPORT_S
-            _report(channel, worker)
-    worker.joiner.sweep(everything=True)  # outcomes that can no longer come
-    worker.writer.close(close_timeout_s)
-    if worker.spans is not None:
-        worker.spans.close()
-    _report(channel, worker)
-
-
-def _report(channel: socket.socket, worker: Worker) -> None:
-    status = worker.status()
-    try:
-        channel.send(marshal.dumps(status), socket.MSG_DONTWAIT)
-    except OSError:  # full (the counts go with a later report) or gone
-        worker.unsent(status)
-
-
 def run_in_background() -> None:
     """Only on CPU nothing else wants: a process of the sidecar's own scheduling group that
     wakes up preempts this one at once (SCHED_IDLE), where a nice value would still share
     time slices with it. Processes in other groups (Envoy in its own session or container)
     compete with the group as a whole; for them the writer's pacing keeps each of this
-    process's runs short (writer.py, docs/telemetry.md §8)."""
+    process's runs short (writer.py), and the intake leaves its input waiting while the
+    CPUs are contended (intake.py, docs/telemetry.md §8)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux
@@ -216,7 +168,10 @@ def main(argv: list[str]) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
-    serve(channel, worker, start.close_timeout_s)
+    background = start.settings.worker_priority == "background"
+    pressure = CpuPressure.from_proc(time.monotonic) if background else None
+    Intake(worker, paced=background, pressure=pressure.share if pressure else None,
+           deferral=worker.deferral).run(channel, start.close_timeout_s)
     return 0
 
 

@@ -7,11 +7,11 @@ It runs in the telemetry worker process (worker.py), whose reading thread only c
 takes what is there, has `prepare` make each item into a row's values (the worker's
 encoder counts and traces them there) and writes them in chunks of `batch_size`.
 
-In the worker the writer is paced (`Pacing`): while it keeps up it writes small chunks and
-rests between them, so it never holds a CPU for long. Its scheduling class alone does not
-give way at once to the request path's processes when they sit in other scheduling groups
-(sessions, containers), and a long run then delays them; measured in docs/telemetry.md §8.
-Once half the queue waits it writes full chunks without rests: it must not fall behind.
+In the worker the writer is paced (`Pacing`): it writes small chunks and rests between
+them, so it never holds a CPU for long. Its scheduling class alone does not give way at
+once to the request path's processes when they sit in other scheduling groups (sessions,
+containers), and a long run then delays them; measured in docs/telemetry.md §8. When the
+worker's reader finds it has fallen behind it sets `hurry`: full chunks without rests.
 
 A failing store drops the chunk, counts it, logs at most once a minute per kind and is
 reopened on the next chunk after a pause that doubles up to 30 s; the request path never
@@ -60,11 +60,9 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class Pacing:
-    """While fewer than `while_below` rows wait: chunks of `chunk` rows, `rest_s` apart.
-    16 rows are ~0.2 ms of the worker's CPU here; with 2 ms rests it takes about 7,000 rows
-    per second before it stops resting."""
+    """Chunks of `chunk` rows, `rest_s` apart, unless hurried. 16 rows are ~0.2 ms of the
+    worker's CPU here; with 2 ms rests it takes about 7,000 rows per second."""
 
-    while_below: int
     chunk: int = 16
     rest_s: float = 0.002
 
@@ -99,6 +97,7 @@ class TelemetryWriter:
                                         daemon=True)
         self._pause = 0.0
         self.pacing = pacing
+        self.hurry = False  # set by the worker's reader when it has fallen behind
         self._rest = rest or self._stop.wait  # True once closing: no more rests
 
     def start(self) -> TelemetryWriter:
@@ -108,6 +107,11 @@ class TelemetryWriter:
     @property
     def depth(self) -> int:
         return len(self._buffer)
+
+    def has_room(self, rows: int) -> bool:
+        """Room for `rows` more (an empty buffer always has room: a queue smaller than one
+        message still takes what it can, and counts the rest)."""
+        return len(self._buffer) <= max(0, self._limit - rows)
 
     def offer(self, row: Any) -> bool:
         """Buffer a row for writing; False (and counted) when the buffer is full."""
@@ -156,10 +160,7 @@ class TelemetryWriter:
                 resting = not self._rest(paced.rest_s)  # closing: the rest goes at once
 
     def _paced(self) -> Pacing | None:
-        pacing = self.pacing
-        if pacing is None or len(self._buffer) >= pacing.while_below:
-            return None
-        return pacing
+        return None if self.hurry else self.pacing
 
     def _maybe_maintain(self) -> None:
         if self._maintenance_interval is None or time.monotonic() < self._next_maintenance:

@@ -97,14 +97,16 @@ def test_a_locked_sqlite_database_costs_rows_not_latency(tmp_path: Path) -> None
 
 def test_an_unanswering_postgres_costs_rows_not_latency(tmp_path: Path) -> None:
     """A server that accepts connections and never answers: each connection attempt holds
-    the writer thread for the 5 s connect timeout, never a request; a small queue fills and
-    its drops are counted too."""
+    the writer thread for the 5 s connect timeout, never a request. The worker then takes
+    no more than its small queue; the rest waits in the sidecar's small hand-over buffer,
+    and what does not fit there is dropped and counted too."""
     with blackhole() as port:
         dsn = f"postgresql://sidecar:secret-password@127.0.0.1:{port}/telemetry"
-        telemetry = "{postgres_dsn: {env: KEY_TELEMETRY_DSN}, queue_size: 20}"
+        telemetry = ("{postgres_dsn: {env: KEY_TELEMETRY_DSN}, queue_size: 20, "
+                     "handoff_size: 10}")
         with stack(tmp_path, telemetry, {"telemetry_dsn": dsn}) as (up, _):
             took = timed_requests(up, 60)
-            eventually(lambda: metric(up, "sidecar_telemetry_dropped_queue_full") > 0)
+            eventually(lambda: metric(up, "sidecar_telemetry_dropped_handoff") > 0)
             eventually(lambda: metric(up, "sidecar_telemetry_dropped_write_error") > 0)
             assert httpx.get(f"http://127.0.0.1:{up.admin_http_port}/healthz").json() == "ok"
     # A request coupled to the database would wait the 5 s connect timeout.

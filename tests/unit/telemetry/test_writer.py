@@ -192,14 +192,15 @@ class Rests:
         return self._closing_after is not None and len(self.taken) >= self._closing_after
 
 
-def paced_drain(rests: Rests, while_below: int, rows: int) -> tuple[TelemetryWriter, list[int]]:
+def paced_drain(rests: Rests, rows: int, hurry: bool = False
+                ) -> tuple[TelemetryWriter, list[int]]:
     """`rows` offered before the writer starts, so its first drain sees them all."""
     store = StalledStore()
     store.release.set()
     store.fail_next = False
     writer = TelemetryWriter(store, batch_size=50, flush_interval_s=0.01,
-                             pacing=Pacing(while_below=while_below, chunk=16, rest_s=0.002),
-                             rest=rests)
+                             pacing=Pacing(chunk=16, rest_s=0.002), rest=rests)
+    writer.hurry = hurry
     for n in range(rows):
         writer.offer(row(n))
     writer.start()
@@ -212,21 +213,20 @@ def test_a_paced_writer_that_keeps_up_writes_small_chunks_with_rests_between() -
     """Why: a long run of the worker delays request-path processes of other scheduling
     groups (docs/telemetry.md §8); small chunks with rests keep every run short."""
     rests = Rests()
-    _, batches = paced_drain(rests, while_below=100, rows=40)
+    _, batches = paced_drain(rests, rows=40)
     assert batches == [16, 16, 8]
     assert rests.taken == [0.002, 0.002]  # between chunks, none after the last
 
 
-def test_a_paced_writer_that_falls_behind_writes_full_chunks_until_it_has_caught_up() -> None:
+def test_a_hurried_writer_writes_full_chunks_without_rests() -> None:
+    """The worker's intake hurries it once it has fallen behind (intake.py)."""
     rests = Rests()
-    writer, batches = paced_drain(rests, while_below=100, rows=300)
-    # Full chunks while 100 or more wait, then paced chunks for the last 50.
-    assert batches == [50, 50, 50, 50, 50, 16, 16, 16, 2]
-    assert rests.taken == [0.002] * 3
+    writer, batches = paced_drain(rests, rows=230, hurry=True)
+    assert batches == [50, 50, 50, 50, 30] and rests.taken == []
     assert writer.dropped == {"queue_full": 0, "write_error": 0}
 
 
 def test_closing_ends_the_rests_and_writes_the_rest_in_full_chunks() -> None:
     rests = Rests(closing_after=1)
-    _, batches = paced_drain(rests, while_below=1_000, rows=200)
+    _, batches = paced_drain(rests, rows=200)
     assert batches == [16, 50, 50, 50, 34] and len(rests.taken) == 1
