@@ -211,7 +211,9 @@ def alternate(make_rows: Callable[[int, ProviderThread, Path], list[Row]], round
               finish: Callable[[Path], object] = lambda _workdir: None
               ) -> tuple[list[Row], object]:
     """Start the fast provider and the streaming demo provider, measure the rows round by
-    round (alternating), then `finish(workdir)` while the work folder still exists."""
+    round (alternating), then `finish(workdir)` while the work folder still exists. Each
+    round starts one row further on (A B C, B C A, C A B, ...): a machine that speeds up
+    or slows down within a round favours no row."""
     text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))  # + role, stop, usage, DONE
     drip = FakeProvider("drip", behaviour=Behaviour(
         inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
@@ -221,8 +223,9 @@ def alternate(make_rows: Callable[[int, ProviderThread, Path], list[Row]], round
         try:
             wait_http(fast_port, CHAT_PATH)
             table = make_rows(fast_port, drip_server, workdir)
-            for _ in range(rounds):
-                for row in table:
+            for round_ in range(rounds):
+                first = round_ % len(table)
+                for row in table[first:] + table[:first]:
                     row.results.append(measure(row, workdir, seconds, streams))
                     time.sleep(0.5)
         finally:

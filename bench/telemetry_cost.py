@@ -93,35 +93,41 @@ def spread(values: list[float]) -> float:
 _HIGHER_IS_BETTER = {"rps_c32"}
 
 
+def worse(key: str, a: list[float], b: list[float]) -> int:
+    """Rounds in which `b` did worse than `a` (they ran back to back)."""
+    return sum((y < x) if key in _HIGHER_IS_BETTER else (y > x) for x, y in zip(a, b, strict=True))
+
+
 def ratio(a: list[float], b: list[float]) -> float:
     ma, mb = statistics.median(a), statistics.median(b)
     return mb / ma if ma else float("nan")
 
 
 def report(table: list[Row], rounds: int, seconds: float, written: int) -> str:
-    """Medians, and the rounds paired (each round ran off then on, back to back): an effect
-    that shows in every pair is not noise, whatever the spread between rounds. With a
-    control row, off vs off (A/A) shows what noise alone does to the same figures."""
+    """Medians, and the rounds paired (each round ran every row, back to back, starting one
+    row further on each round): an effect that shows in every pair is not noise, whatever
+    the spread between rounds. With a control row, off vs off (A/A) shows what noise alone
+    does to the same figures, its "rounds worse" count included."""
     off, on, *control = table
     head = "| figure | off median (spread) | on median (spread) | on / off |"
     rule = "| --- | --- | --- | --- |"
     if control:
-        head += " control / off (A/A) |"
-        rule += " --- |"
+        head += " control / off (A/A) | rounds where control is worse (A/A) |"
+        rule += " --- | --- |"
     lines = [f"## Telemetry on vs off: {rounds} alternating rounds, {seconds:g} s per load "
-             "phase", "", head + " on − off per round | rounds where on is worse |",
+             "phase", "", head + " rounds where on is worse | on − off per round |",
              rule + " --- | --- |"]
     for key in KEYS:
         a = [r[key] for r in off.results]
         b = [r[key] for r in on.results]
         pairs = [y - x for x, y in zip(a, b, strict=True)]
-        worse = sum(d < 0 if key in _HIGHER_IS_BETTER else d > 0 for d in pairs)
         line = (f"| {key} | {statistics.median(a):.3f} (±{spread(a):.3f}) | "
                 f"{statistics.median(b):.3f} (±{spread(b):.3f}) | {ratio(a, b):.3f} |")
         if control:
-            line += f" {ratio(a, [r[key] for r in control[0].results]):.3f} |"
-        lines.append(line + f" {', '.join(f'{d:+.3f}' for d in pairs)} | "
-                     f"{worse} of {len(pairs)} |")
+            c = [r[key] for r in control[0].results]
+            line += f" {ratio(a, c):.3f} | {worse(key, a, c)} of {len(c)} |"
+        lines.append(line + f" {worse(key, a, b)} of {len(pairs)} | "
+                     f"{', '.join(f'{d:+.3f}' for d in pairs)} |")
     missing = sum(r.get("rows_missing", 0.0) for r in on.results)
     per_row = statistics.median(r["cpu_worker_per_row"] for r in on.results)
     lines += ["",

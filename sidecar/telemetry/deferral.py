@@ -95,10 +95,5 @@ class Deferral:
             return False
         return True
 
-    @property
-    def must_catch_up(self) -> bool:
-        """A deferral ran out: read without rests until caught up (intake.py)."""
-        return self._must_catch_up
-
     def caught_up(self) -> None:
         self._must_catch_up = False

@@ -5,8 +5,10 @@ read, and how fast, so that its work runs where it costs the request path least.
   writer paced, so every run of the worker is short.
 - **Deferring**: nothing is read while the machine's CPUs are contended (deferral.py), for
   a bounded time; the work moves to after the burst.
-- **Hurrying**: no rests and the writer unpaced, once a deferral ran out or the worker has
-  been behind for `HURRY_AFTER_S` outside deferrals, until it finds nothing waiting.
+- **Hurrying**: no rests and the writer unpaced, once the worker has been behind for
+  `HURRY_AFTER_S` outside deferrals (its paced pace is not enough), until it finds nothing
+  waiting. A deferral that ran out is followed by a paced catch-up, not a hurried one:
+  measured, hurrying right after a burst raised the latency of the requests after it.
 
 In every mode a message is read only when the writer has room for its rows. What the
 worker does not take yet waits in the socket and in the sidecar's hand-over buffer (bounded
@@ -133,9 +135,7 @@ class Intake:
             return message
         if self._behind_since is None:
             self._behind_since = now
-        self._worker.writer.hurry = (
-            (self._deferral is not None and self._deferral.must_catch_up)
-            or now - self._behind_since >= HURRY_AFTER_S)
+        self._worker.writer.hurry = now - self._behind_since >= HURRY_AFTER_S
         return message
 
     def _report(self, channel: socket.socket) -> None:

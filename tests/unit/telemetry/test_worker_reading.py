@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.deferral import Deferral, DeferralPolicy
-from sidecar.telemetry.intake import ITEMS_PER_MESSAGE, Intake
+from sidecar.telemetry.intake import HURRY_AFTER_S, ITEMS_PER_MESSAGE, Intake
 from sidecar.telemetry.rows import decision_record, result_record
 from sidecar.telemetry.worker import Start, Worker
 from tests.unit.telemetry.test_handoff import decision, result
@@ -138,3 +138,18 @@ def test_what_the_writer_has_no_room_for_waits_in_the_socket_not_dropped(
         until(lambda: worker.writer.written == 600)
         assert worker.writer.dropped == {"queue_full": 0, "write_error": 0}
         assert worker.writer.depth <= 100
+
+
+def test_a_worker_behind_for_long_hurries_until_it_has_caught_up(tmp_path: Path) -> None:
+    """Behind (a message always waiting) for HURRY_AFTER_S of its clock: its paced pace is
+    not enough, so the writer hurries; finding nothing waiting calms it again."""
+    machine = Machine()
+    with reading(tmp_path, machine, None, queue_size=100) as (channel, worker):
+        for message in messages(0, 600):
+            channel.send(message)
+        until(lambda: worker.writer.written > 0)
+        assert not worker.writer.hurry
+        machine.later(HURRY_AFTER_S)
+        until(lambda: worker.writer.hurry)
+        until(lambda: worker.writer.written == 600)
+        until(lambda: not worker.writer.hurry)
