@@ -15,8 +15,9 @@ with one request at a time, 0.45 and more from four at a time. Where the file ca
 
 Bounds: one deferral lasts at most `max_defer_s`; after one that ran out, the worker
 defers again only once it has read everything waiting (caught up), so under sustained
-pressure it does its work in bursts and its input never waits longer than that. Nothing
-here reads a clock or a file itself: both are injected, so tests need no sleeps.
+pressure it works in stretches between deferrals and its input waits at most one deferral
+plus the catch-up. Nothing here reads a clock or a file itself: both are injected, so
+tests need no sleeps.
 """
 
 from __future__ import annotations
