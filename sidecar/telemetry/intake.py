@@ -49,15 +49,15 @@ log = logging.getLogger("sidecar.telemetry")
 
 
 class Intake:
-    def __init__(self, worker: Worker, paced: bool,
-                 pressure: Callable[[], float] | None = None,
+    def __init__(self, worker: Worker, pressure: Callable[[], float] | None = None,
                  deferral: Deferral | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         """`pressure`: the share of time CPUs were contended since its last call
-        (deferral.CpuPressure.share); without it, or without `deferral`, nothing waits."""
+        (deferral.CpuPressure.share); without it, or without `deferral`, nothing waits.
+        The reads rest as the writer does: only when it is paced."""
         self._worker = worker
-        self._paced = paced
+        self._paced = worker.writer.pacing is not None
         self._pressure = pressure if deferral is not None else None
         self._deferral = deferral
         self._clock = clock

@@ -168,9 +168,8 @@ def main(argv: list[str]) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
-    background = start.settings.worker_priority == "background"
-    pressure = CpuPressure.from_proc(time.monotonic) if background else None
-    Intake(worker, paced=background, pressure=pressure.share if pressure else None,
+    pressure = CpuPressure.from_proc(time.monotonic) if worker.deferral else None
+    Intake(worker, pressure=pressure.share if pressure else None,
            deferral=worker.deferral).run(channel, start.close_timeout_s)
     return 0
 

@@ -54,7 +54,7 @@ def reading(tmp_path: Path, machine: Machine, deferral: Deferral | None,
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
     worker = Worker(Start(Telemetry(sqlite_path=tmp_path / "t.db", queue_size=queue_size),
                           60.0, {}, "WARNING", "text"))
-    intake = Intake(worker, paced=True, pressure=lambda: machine.pressure,
+    intake = Intake(worker, pressure=lambda: machine.pressure,
                     deferral=deferral, clock=lambda: machine.now,
                     sleep=lambda _s: time.sleep(0.001))
     thread = threading.Thread(target=intake.run, args=(theirs, 5.0), daemon=True)
