@@ -44,9 +44,14 @@ ACCESS_LOG_NAME = "sidecar_observations"
 ATTEMPT_LOG_NAME = "sidecar_attempts"
 USAGE_NAMESPACE = "sidecar.usage"
 USAGE_KEY = "output_tokens"
-# Input and cached (prompt-cache read) tokens, for telemetry rows and cost.
+# Input tokens and prompt-cache reads and writes, for telemetry rows and cost; the key says
+# whether a figure is inside the reported input (OpenAI) or beside it (Anthropic):
+# observe/usage_fields.py.
 INPUT_TOKENS_KEY = "input_tokens"
 CACHED_TOKENS_KEY = "cached_tokens"
+CACHE_READ_KEY = "cache_read_tokens"
+CACHE_WRITE_KEY = "cache_write_tokens"
+CACHE_WRITE_INCLUDED_KEY = "cache_write_included_tokens"
 
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).

@@ -252,14 +252,20 @@ def response(answer: Mapping[str, Any], model: str,
 
 
 def chat_usage(usage: object) -> dict[str, Any]:
+    """Anthropic's usage as Chat counts it: cache reads and writes inside `prompt_tokens`.
+    Chat has no field for cache writes, so the gateway names them in
+    `prompt_tokens_details.cache_write_tokens` (SDKs keep unknown fields), which telemetry
+    prices apart (observe/usage_fields.py)."""
     usage = usage if isinstance(usage, dict) else {}
     cached = _count(usage, "cache_read_input_tokens")
-    prompt = (_count(usage, "input_tokens") + cached
-              + _count(usage, "cache_creation_input_tokens"))
+    written = _count(usage, "cache_creation_input_tokens")
+    prompt = _count(usage, "input_tokens") + cached + written
     completion = _count(usage, "output_tokens")
+    details: dict[str, int] = {"cached_tokens": cached}
+    if written:
+        details["cache_write_tokens"] = written
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "total_tokens": prompt + completion, "prompt_tokens_details": details}
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:

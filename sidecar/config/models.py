@@ -8,12 +8,14 @@ so that `check-config` reports every problem with its YAML path.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from sidecar.billing import Rates, rates
 from sidecar.config.catalog import BUILTIN_PROVIDERS
 from sidecar.config.fields import (
     EnvName,
@@ -109,10 +111,19 @@ class Provider(StrictModel):
 
 
 class Pricing(StrictModel):
-    """USD per million tokens."""
+    """USD per million tokens, as the provider bills them (sidecar/billing.py): input not
+    read from the provider's prompt cache, output, cache reads and (Anthropic) cache writes.
+    An unset cache price is the input price."""
 
     input_per_mtok: NonNegativeFloat
     output_per_mtok: NonNegativeFloat
+    cached_input_per_mtok: NonNegativeFloat | None = None
+    cache_write_per_mtok: NonNegativeFloat | None = None
+
+    @cached_property
+    def rates(self) -> Rates:
+        """Every price resolved, once (routing prices each candidate of every decision)."""
+        return rates(self)
 
 
 class Evaluation(StrictModel):
@@ -391,10 +402,10 @@ class SidecarConfig(StrictModel):
         return group.fallback.deadline_seconds or self.limits.request_timeout_seconds
 
     @property
-    def target_prices(self) -> dict[str, Pricing]:
-        """Each priced target's pricing by its label (`provider/model_ref`): what telemetry
-        and quotas cost a finished request with."""
-        return {f"{t.provider}/{t.model_ref}": t.pricing
+    def target_prices(self) -> dict[str, Rates]:
+        """Each priced target's prices, resolved, by its label (`provider/model_ref`): what
+        telemetry and quotas cost a finished request with (sidecar/billing.py)."""
+        return {f"{t.provider}/{t.model_ref}": t.pricing.rates
                 for group in self.models.values() for t in group.targets if t.pricing}
 
     def target_dialects(self, target: Target) -> list[Dialect]:

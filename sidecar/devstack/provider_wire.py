@@ -1,7 +1,8 @@
 """Provider-side wire formats for the demo providers: OpenAI Chat and Anthropic Messages,
 as JSON bodies and as SSE event sequences, and OpenAI Responses (JSON), shaped like the real
-APIs so the official SDKs parse them. Deterministic text: "Hello from <provider> serving
-<model>." split into words."""
+APIs so the official SDKs parse them; their error bodies and in-band stream errors. Each
+shape follows the provider's public API reference, named where it is built. Deterministic
+text: "Hello from <provider> serving <model>." split into words."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ class Completion:
     truncated: bool
     # (tool name, JSON arguments) when the demo answers with a tool call instead of text
     tool_call: tuple[str, str] | None = None
+    # Prompt caching: input tokens read from the provider's cache, and (Anthropic) written
+    # to it; both are part of `prompt_tokens`, the request's whole input.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def text(self) -> str:
@@ -35,7 +40,9 @@ class Completion:
 
 
 def make_completion(request_id: str, provider: str, request: dict[str, Any], body_size: int,
-                    text: str | None = None, call_tools: bool = False) -> Completion:
+                    text: str | None = None, call_tools: bool = False,
+                    cache: tuple[int, int] = (0, 0)) -> Completion:
+    """`cache`: (read, written) prompt-cache tokens, within the prompt's size."""
     model = str(request.get("model", ""))
     text = text or f"Hello from {provider} serving {model}. This is a demo completion."
     pieces = text.split(" ")
@@ -47,7 +54,13 @@ def make_completion(request_id: str, provider: str, request: dict[str, Any], bod
     call = _tool_call(request) if call_tools else None
     if call is not None:
         words, truncated = ["Calling ", "a ", "tool."], False
-    return Completion(request_id, model, tuple(words), max(1, body_size // 4), truncated, call)
+    prompt_tokens = max(1, body_size // 4, sum(cache))
+    return Completion(request_id, model, tuple(words), prompt_tokens, truncated, call, *cache)
+
+
+def prompt_tokens(body_size: int) -> int:
+    """The demo's token count of a request body (about four bytes a token)."""
+    return max(1, body_size // 4)
 
 
 def _tool_call(request: dict[str, Any]) -> tuple[str, str] | None:
@@ -77,12 +90,19 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
 
 # --- OpenAI Chat -----------------------------------------------------------------------------
 
-def openai_usage(c: Completion) -> dict[str, int]:
-    return {
+def openai_usage(c: Completion) -> dict[str, Any]:
+    """Chat usage (platform.openai.com/docs/api-reference/chat/object, `usage`): cached
+    tokens are counted inside `prompt_tokens` and named again in
+    `prompt_tokens_details.cached_tokens` (platform.openai.com/docs/guides/prompt-caching).
+    OpenAI bills no cache writes."""
+    usage: dict[str, Any] = {
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
     }
+    if c.cache_read_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": c.cache_read_tokens}
+    return usage
 
 
 def _call_id(c: Completion) -> str:
@@ -154,12 +174,39 @@ def responses_json(c: Completion) -> bytes:
     }).encode()
 
 
-def openai_error(status: int, message: str) -> bytes:
+def openai_error(status: int, message: str, code: str | None = None,
+                 param: str | None = None) -> bytes:
+    """platform.openai.com/docs/guides/error-codes: `{"error": {message, type, param, code}}`
+    (a 429's code is `rate_limit_exceeded`)."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
     if status == 429:
-        kind = "rate_limit_exceeded"
-    return json.dumps({"error": {"message": message, "type": kind, "param": None,
-                                 "code": None}}).encode()
+        kind, code = "requests", code or "rate_limit_exceeded"
+    return json.dumps({"error": {"message": message, "type": kind, "param": param,
+                                 "code": code}}).encode()
+
+
+def openai_context_error(window: int, requested: int) -> bytes:
+    """The 400 OpenAI answers a prompt its model cannot hold (code
+    `context_length_exceeded`, param `messages`)."""
+    return openai_error(400, f"This model's maximum context length is {window} tokens. "
+                             f"However, your messages resulted in {requested} tokens. "
+                             "Please reduce the length of the messages.",
+                        code="context_length_exceeded", param="messages")
+
+
+def vllm_context_error(window: int, requested: int) -> bytes:
+    """vLLM's OpenAI-compatible server (docs.vllm.ai, serving/openai_compatible_server):
+    an `ErrorResponse` object, not OpenAI's `{"error": …}` envelope."""
+    return json.dumps({"object": "error", "message": (
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{requested} tokens in the messages. Please reduce the length of the messages."),
+        "type": "BadRequestError", "param": None, "code": 400}).encode()
+
+
+def openai_stream_error(message: str, kind: str = "server_error") -> bytes:
+    """An error sent as a Chat stream's data line after a 200 (the OpenAI SDKs raise
+    `APIError` for a chunk with an `error` object)."""
+    return _data({"error": {"message": message, "type": kind, "param": None, "code": None}})
 
 
 # --- Anthropic Messages ----------------------------------------------------------------------
@@ -185,15 +232,24 @@ def anthropic_json(c: Completion) -> bytes:
         "content": _anthropic_content(c),
         "stop_reason": _stop_reason(c),
         "stop_sequence": None,
-        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens},
+        "usage": {**anthropic_input_usage(c), "output_tokens": c.completion_tokens},
     }).encode()
+
+
+def anthropic_input_usage(c: Completion) -> dict[str, int]:
+    """docs.anthropic.com/en/docs/build-with-claude/prompt-caching: `input_tokens` counts only
+    the tokens after the last cache breakpoint; cache reads and writes are reported beside
+    it, not inside it."""
+    return {"input_tokens": c.prompt_tokens - c.cache_read_tokens - c.cache_write_tokens,
+            "cache_creation_input_tokens": c.cache_write_tokens,
+            "cache_read_input_tokens": c.cache_read_tokens}
 
 
 def anthropic_events(c: Completion) -> Iterator[bytes]:
     yield _event("message_start", {"type": "message_start", "message": {
         "id": c.id, "type": "message", "role": "assistant", "model": c.model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": 1},
+        "usage": {**anthropic_input_usage(c), "output_tokens": 1},
     }})
     yield _event("content_block_start", {"type": "content_block_start", "index": 0,
                                          "content_block": {"type": "text", "text": ""}})
@@ -227,5 +283,17 @@ _ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_err
 
 
 def anthropic_error(status: int, message: str) -> bytes:
+    """docs.anthropic.com/en/api/errors: `{"type": "error", "error": {type, message}}`."""
     kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
     return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+def anthropic_context_error(window: int, requested: int) -> bytes:
+    """The 400 Anthropic answers a prompt over the model's context window."""
+    return anthropic_error(400, f"prompt is too long: {requested} tokens > {window} maximum")
+
+
+def anthropic_stream_error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
+    """docs.anthropic.com/en/api/messages-streaming, "Error events": after a 200, an
+    overloaded API sends `event: error` with an `overloaded_error`, and the stream ends."""
+    return _event("error", {"type": "error", "error": {"type": kind, "message": message}})

@@ -2,9 +2,11 @@
 
 Each provider lives under its own path prefix (``http://host:port/<name>/v1``) and speaks
 OpenAI Chat and Anthropic Messages (JSON or SSE) and the OpenAI Responses API (JSON).
-Knobs (latency, inter-event delay, forced status, connection reset, a stream that breaks
-after N events, huge replies, broken framing, a body cut off mid-way, a 200 whose body is
-not what the dialect promises) make it usable for failure tests; seeded random knobs (an
+Knobs (latency, inter-event delay, forced or transient status with the provider's headers,
+connection reset, a stream that breaks, stalls, starts late or errors in-band, huge replies,
+chunked or broken framing, a body cut off mid-way, a 200 whose body is not what the dialect
+promises, a context window, prompt-cache usage) make it usable for failure tests (named
+combinations after real providers' documentation: provider_behaviours.py); seeded random knobs (an
 error rate, a latency spread, an output rate and a reply length per request) make it a
 drifting provider for the routing-quality benchmark. Every request is recorded (method,
 path, headers, JSON body, arrival time) so tests can assert what the upstream received.
@@ -16,35 +18,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import random
-import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.devstack import provider_wire
+from sidecar.devstack.provider_http import (
+    Pacing,
+    RecordedRequest,
+    broken,
+    read_request,
+    respond,
+    stream,
+)
 
 log = logging.getLogger("sidecar.demo")
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            405: "Method Not Allowed", 429: "Too Many Requests", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable", 529: "Overloaded"}
-
-
 @dataclass
 class Behaviour:
-    """Knobs a test (or the demo CLI) can turn at any time."""
+    """Knobs a test (or the demo CLI) can turn at any time. Named combinations that follow a
+    real provider's documented behaviour are in provider_behaviours.py."""
 
     latency_s: float = 0.0
     inter_event_delay_s: float = 0.0
     status: int | None = None
+    # The body of a `status` reply (default: a generic error in the endpoint's dialect).
+    error_body: bytes | None = None
+    # Response headers on every reply, e.g. `retry-after` or a provider's rate-limit resets.
+    headers: tuple[tuple[str, str], ...] = ()
+    # Only the first this many requests fail with `status` (0: all of them), then the
+    # provider recovers: a transient failure.
+    fail_first: int = 0
     reset_connection: bool = False
     text: str | None = None
-    # Streams only: drop the connection after this many events (a mid-stream failure).
+    # Streams only: drop the connection after this many events (a mid-stream failure); stop
+    # sending, with the connection open, after this many (a stall); send the headers at once
+    # and the first event only after a delay (a slow first token); replace the stream with
+    # this one event after a 200 (an in-band error), or put a garbage event after this many.
     fail_after_events: int | None = None
+    stall_after_events: int | None = None
+    first_event_delay_s: float = 0.0
+    first_event: bytes | None = None
+    garbage_after_events: int | None = None
+    # Refuse a request whose prompt tokens plus its output cap exceed this, with the
+    # dialect's context-length error (`vllm_errors`: in vLLM's shape).
+    context_window_tokens: int | None = None
+    vllm_errors: bool = False
+    # Prompt-cache tokens reported in the usage: (read, written).
+    cache_tokens: tuple[int, int] = (0, 0)
     # A huge but valid reply of about this many bytes: the text is made of 64 KiB words (one
     # SSE event each), so JSON replies carry it in the message and streams as many events;
     # the usage still comes last.
@@ -54,8 +78,8 @@ class Behaviour:
     # a connection reset.
     invalid_chunked: bool = False
     reset_mid_body: bool = False
-    # JSON replies framed with chunked encoding (no content-length), as many providers send
-    # them from behind a CDN.
+    # JSON replies (errors too) framed with chunked encoding (no content-length), as many
+    # providers send them from behind a CDN.
     chunked_json: bool = False
     # A 200 whose body is not what the dialect promises (an error object, HTML, garbage SSE):
     # sent as is, with this content type, instead of the completion.
@@ -76,18 +100,6 @@ class Behaviour:
     reply_words: Callable[[dict[str, Any]], int] | None = None
 
 
-@dataclass(frozen=True)
-class RecordedRequest:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    at: float = 0.0  # time.monotonic() on arrival
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
 @dataclass
 class FakeProvider:
     name: str
@@ -95,6 +107,7 @@ class FakeProvider:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: deque[RecordedRequest] = field(default_factory=lambda: deque(maxlen=10_000))
     cancelled: int = 0
+    served: int = 0  # requests answered so far (`Behaviour.fail_first` counts them)
     seed: int = 0
     rng: random.Random = field(init=False, repr=False)
 
@@ -138,7 +151,7 @@ class ProviderServer:
         self._open[writer] = task
         try:
             while True:
-                request = await _read_request(reader)
+                request = await read_request(reader)
                 if request is None:
                     break
                 keep_alive = await self._serve(request, writer)
@@ -154,18 +167,20 @@ class ProviderServer:
         name, _, rest = request.path.lstrip("/").partition("/")
         provider = self.providers.get(name)
         if provider is None:
-            await _respond(writer, 404,
-                           provider_wire.openai_error(404, f"no demo provider '{name}'"))
+            await respond(writer, 404,
+                          provider_wire.openai_error(404, f"no demo provider '{name}'"))
             return True
         provider.received.append(request)
         endpoint = "/" + rest.split("?", 1)[0]
         anthropic = endpoint == "/v1/messages"
         if endpoint not in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
-            await _respond(writer, 404,
-                           provider_wire.openai_error(404, f"unknown endpoint {endpoint}"))
+            await respond(writer, 404,
+                          provider_wire.openai_error(404, f"unknown endpoint {endpoint}"))
             return True
         error = provider_wire.anthropic_error if anthropic else provider_wire.openai_error
         behaviour = provider.behaviour
+        headers = behaviour.headers
+        chunked = behaviour.chunked_json
         latency = behaviour.latency_s
         if latency and behaviour.latency_spread:
             latency *= provider.rng.lognormvariate(0.0, behaviour.latency_spread)
@@ -175,21 +190,30 @@ class ProviderServer:
             writer.transport.abort()
             return False
         if provider.api_key is not None and _credential(request, anthropic) != provider.api_key:
-            await _respond(writer, 401, error(401, "invalid provider API key"))
+            await respond(writer, 401, error(401, "invalid provider API key"), headers=headers)
             return True
+        provider.served += 1
         status = behaviour.status
+        if behaviour.fail_first and provider.served > behaviour.fail_first:
+            status = None
         if behaviour.error_rate and provider.rng.random() < behaviour.error_rate:
             status = behaviour.error_status
         if status is not None and status != 200:
-            await _respond(writer, status, error(status, "injected failure"))
+            await respond(writer, status, behaviour.error_body or error(status, "injected failure"),
+                          chunked=chunked, headers=headers)
             return True
         if behaviour.raw_body is not None:
-            await _respond(writer, 200, behaviour.raw_body, behaviour.content_type)
+            await respond(writer, 200, behaviour.raw_body, behaviour.content_type,
+                          chunked=chunked, headers=headers)
             return True
         try:
             payload = request.json()
         except ValueError:
-            await _respond(writer, 400, error(400, "body is not JSON"))
+            await respond(writer, 400, error(400, "body is not JSON"), headers=headers)
+            return True
+        refusal = _context_error(behaviour, anthropic, payload, len(request.body))
+        if refusal is not None:
+            await respond(writer, 400, refusal, chunked=chunked, headers=headers)
             return True
         text = behaviour.text
         if behaviour.reply_words is not None:
@@ -199,12 +223,14 @@ class ProviderServer:
         completion = provider_wire.make_completion(
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
             provider.name, payload, len(request.body), text, behaviour.call_tools,
+            behaviour.cache_tokens,
         )
         if endpoint == "/v1/responses":
             if payload.get("stream") is True:
-                await _respond(writer, 400, error(400, "demo Responses API is unary only"))
+                await respond(writer, 400, error(400, "demo Responses API is unary only"))
             else:
-                await _respond(writer, 200, provider_wire.responses_json(completion))
+                await respond(writer, 200, provider_wire.responses_json(completion),
+                              chunked=chunked, headers=headers)
             return True
         rate = behaviour.tokens_per_s
         if payload.get("stream") is not True:
@@ -213,31 +239,25 @@ class ProviderServer:
             body = (provider_wire.anthropic_json(completion) if anthropic
                     else provider_wire.openai_json(completion))
             if behaviour.invalid_chunked or behaviour.reset_mid_body:
-                await _broken(writer, body, chunked=behaviour.invalid_chunked)
+                await broken(writer, body, chunked=behaviour.invalid_chunked)
                 return False
-            await _respond(writer, 200, body, chunked=behaviour.chunked_json)
+            await respond(writer, 200, body, chunked=chunked, headers=headers)
             return True
         if anthropic:
             events = provider_wire.anthropic_events(completion)
         else:
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             events = provider_wire.openai_events(completion, include_usage)
+        pacing = Pacing(delay_s=1 / rate if rate else behaviour.inter_event_delay_s,
+                        first_event_delay_s=behaviour.first_event_delay_s,
+                        cut_after=behaviour.fail_after_events,
+                        stall_after=behaviour.stall_after_events)
         try:
-            await _stream(writer, events, 1 / rate if rate else behaviour.inter_event_delay_s,
-                          behaviour.fail_after_events)
+            await stream(writer, _stream_events(behaviour, events), pacing, headers)
         except ConnectionError:
             provider.cancelled += 1
             return False
         return True
-
-
-# Real providers name the account behind the key, its rate limits and a CDN cookie in
-# response headers; so do the fakes, so tests can show the gateway passes on only its
-# allowlist (the request id among it).
-_ACCOUNT_HEADER = ("openai-organization: org-demo-account\r\n"
-                   "x-ratelimit-remaining-requests: 99\r\n"
-                   "set-cookie: cdn=provider-cookie\r\n"
-                   "request-id: req-demo-1")
 
 
 def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
@@ -248,83 +268,31 @@ def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
     return token if scheme.lower() == "bearer" else None
 
 
-async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
-    line = await reader.readline()
-    if not line:
+def _context_error(behaviour: Behaviour, anthropic: bool, payload: dict[str, Any],
+                   body_size: int) -> bytes | None:
+    """The dialect's context-length refusal when the prompt and its output cap do not fit."""
+    window = behaviour.context_window_tokens
+    if window is None:
         return None
-    method, path, _ = line.decode("latin-1").split(" ", 2)
-    headers: dict[str, str] = {}
-    while True:
-        raw = await reader.readline()
-        if raw in (b"\r\n", b"\n", b""):
-            break
-        key, _, value = raw.decode("latin-1").partition(":")
-        headers[key.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = b""
-        while True:
-            size = int((await reader.readline()).split(b";")[0], 16)
-            if size == 0:
-                await reader.readline()
-                break
-            body += await reader.readexactly(size)
-            await reader.readline()
-    else:
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return RecordedRequest(method, path, headers, body, time.monotonic())
+    cap = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    requested = provider_wire.prompt_tokens(body_size) + (cap if isinstance(cap, int) else 0)
+    if requested <= window:
+        return None
+    if anthropic:
+        return provider_wire.anthropic_context_error(window, requested)
+    if behaviour.vllm_errors:
+        return provider_wire.vllm_context_error(window, requested)
+    return provider_wire.openai_context_error(window, requested)
+
+
+def _stream_events(behaviour: Behaviour, events: Iterator[bytes]) -> Iterator[bytes]:
+    if behaviour.first_event is not None:
+        yield behaviour.first_event
+        return
+    for sent, event in enumerate(events):
+        if sent == behaviour.garbage_after_events:
+            yield b"data: {not json at all\n\n"
+        yield event
 
 
 _BIG_WORD = 64 * 1024 - 1
-_WRITE_PIECE = 1024 * 1024
-
-
-async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes,
-                   content_type: str = "application/json", chunked: bool = False) -> None:
-    framing = "transfer-encoding: chunked" if chunked else f"content-length: {len(body)}"
-    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-            f"content-type: {content_type}\r\n{framing}\r\n{_ACCOUNT_HEADER}\r\n\r\n")
-    if not chunked and len(body) <= _WRITE_PIECE:
-        writer.write(head.encode() + body)
-        await writer.drain()
-        return
-    writer.write(head.encode())
-    for start in range(0, len(body), _WRITE_PIECE):  # a huge body goes out as it drains
-        piece = body[start:start + _WRITE_PIECE]
-        writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n" if chunked else piece)
-        await writer.drain()
-    if chunked:
-        writer.write(b"0\r\n\r\n")
-    await writer.drain()
-
-
-async def _broken(writer: asyncio.StreamWriter, body: bytes, chunked: bool) -> None:
-    """A 200 JSON reply that breaks after its headers and half of its body."""
-    half = body[:len(body) // 2]
-    framing = (b"transfer-encoding: chunked\r\n\r\n" + f"{len(half):x}\r\n".encode() + half
-               + b"\r\n") if chunked else f"content-length: {len(body)}\r\n\r\n".encode() + half
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + framing)
-    await writer.drain()
-    await asyncio.sleep(0.05)  # the headers and the first half are through before it breaks
-    if chunked:
-        writer.write(b"not-a-chunk-size\r\n" + body[len(half):] + b"\r\n0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-    else:
-        writer.transport.abort()
-
-
-async def _stream(writer: asyncio.StreamWriter, events: Any, delay: float,
-                  fail_after: int | None = None) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n"
-                 + _ACCOUNT_HEADER.encode() + b"\r\n\r\n")
-    for sent, event in enumerate(events):
-        if delay and sent:
-            await asyncio.sleep(delay)
-        if sent == fail_after:
-            writer.transport.abort()
-            return
-        writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
-        await writer.drain()
-    writer.write(b"0\r\n\r\n")
-    await writer.drain()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import json_format
 
-from sidecar.devstack.providers import _read_request, _respond
+from sidecar.devstack.provider_http import read_request, respond
 from sidecar.external.v1 import router_pb2_grpc
 from sidecar.external.v1.router_pb2 import RankRequest, RankResponse
 
@@ -97,14 +97,14 @@ class RoutingService:
     async def _serve_http(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         try:
-            while (request := await _read_request(reader)) is not None:
+            while (request := await read_request(reader)) is not None:
                 self.received_json.append(request.body)
                 parsed = json_format.Parse(request.body, RankRequest())
                 answer = await self.rank(parsed)
                 if answer is None:
-                    await _respond(writer, 500, json.dumps({"error": "failing"}).encode())
+                    await respond(writer, 500, json.dumps({"error": "failing"}).encode())
                 else:
-                    await _respond(writer, 200, json_format.MessageToJson(answer).encode())
+                    await respond(writer, 200, json_format.MessageToJson(answer).encode())
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -1,8 +1,8 @@
 """Envoy pieces that feed observations without putting the sidecar in the response path.
 
-- `json_to_metadata` and `sse_to_metadata` read the provider's usage (`usage.completion_tokens`
-  for OpenAI, `usage.output_tokens` for Anthropic) from JSON bodies and from SSE events into
-  dynamic metadata, in Envoy, as the bytes pass. They also leave what the sidecar needs to
+- `json_to_metadata` and `sse_to_metadata` read the provider's usage (the paths of
+  observe/usage_fields.py) from JSON bodies and from SSE events into dynamic metadata, in
+  Envoy, as the bytes pass. They also leave what the sidecar needs to
   tell a 2xx that is not what its dialect promises (sidecar/observe/response_checks.py): an
   error object's type or code, a JSON body that does not parse, the shape (`object` or
   `type`) of a reply or of a stream's events.
@@ -60,9 +60,7 @@ from sidecar.envoy_config.matchers import negated, skipped_when
 from sidecar.envoy_config.upstream_errors import held_reply_limit, length_within
 from sidecar.envoy_contract import (
     ACCESS_LOG_NAME,
-    CACHED_TOKENS_KEY,
     EXT_PROC_CLUSTER,
-    INPUT_TOKENS_KEY,
     USAGE_KEY,
     USAGE_NAMESPACE,
 )
@@ -75,19 +73,7 @@ from sidecar.observe.response_checks import (
     USAGE_MISSING,
     USAGE_MISSING_KEY,
 )
-
-# Where each dialect reports output tokens (JSON bodies and final SSE events alike).
-_USAGE_PATHS = (("usage", "completion_tokens"), ("usage", "output_tokens"))
-# Input tokens: Chat's `usage.prompt_tokens`, Anthropic's and Responses' `usage.input_tokens`
-# (an Anthropic stream says it in `message_start`, under `message`). Cached (prompt-cache
-# read) tokens: Chat's `prompt_tokens_details.cached_tokens`, Anthropic's
-# `cache_read_input_tokens`, Responses' `input_tokens_details.cached_tokens`.
-_INPUT_PATHS = (("usage", "prompt_tokens"), ("usage", "input_tokens"),
-                ("message", "usage", "input_tokens"))
-_CACHED_PATHS = (("usage", "prompt_tokens_details", "cached_tokens"),
-                 ("usage", "cache_read_input_tokens"),
-                 ("usage", "input_tokens_details", "cached_tokens"),
-                 ("message", "usage", "cache_read_input_tokens"))
+from sidecar.observe.usage_fields import COUNT_PATHS, OUTPUT_PATHS
 
 
 def _rule(path: tuple[str, ...], on_present: JsonToMetadataKeyValuePair,
@@ -124,25 +110,20 @@ def _json_rules() -> list[JsonToMetadataRule]:
     usage = [_rule(path, _extract(USAGE_KEY, _TOKENS),
                    on_missing=_constant(USAGE_MISSING_KEY, USAGE_MISSING),
                    on_error=_constant(NOT_JSON_KEY, NOT_JSON))
-             for path in _USAGE_PATHS]
-    counts = [_rule(path, _extract(key, _TOKENS)) for key, path in _token_paths()]
+             for path in OUTPUT_PATHS]
+    counts = [_rule(path, _extract(key, _TOKENS)) for key, path in COUNT_PATHS]
     errors = [_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)) for path in _ERROR_PATHS]
     shapes = [_rule(path, _extract(SHAPE_KEY, _TEXT)) for path in _SHAPE_PATHS]
     return [*usage, *counts, *errors, *shapes]
-
-
-def _token_paths() -> list[tuple[str, tuple[str, ...]]]:
-    return ([(INPUT_TOKENS_KEY, path) for path in _INPUT_PATHS]
-            + [(CACHED_TOKENS_KEY, path) for path in _CACHED_PATHS])
 
 
 def _event_rules() -> list[JsonContentParserRuleConfig]:
     """An SSE event: the usage (the last one wins), an error event, and the shape of the
     stream's events (read once per stream)."""
     usage = [JsonContentParserRuleConfig(rule=_rule(path, _extract(USAGE_KEY, _TOKENS)))
-             for path in _USAGE_PATHS]
+             for path in OUTPUT_PATHS]
     counts = [JsonContentParserRuleConfig(rule=_rule(path, _extract(key, _TOKENS)))
-              for key, path in _token_paths()]
+              for key, path in COUNT_PATHS]
     errors = [JsonContentParserRuleConfig(rule=_rule(path, _extract(ERROR_TYPE_KEY, _TEXT)))
               for path in _ERROR_PATHS]
     shapes = [JsonContentParserRuleConfig(rule=_rule(path, _extract(SHAPE_KEY, _TEXT)),

@@ -18,21 +18,17 @@ from typing import Protocol
 
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2
+from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from sidecar.envoy_contract import (
-    ATTEMPT_LOG_NAME,
-    CACHED_TOKENS_KEY,
-    INPUT_TOKENS_KEY,
-    USAGE_KEY,
-    USAGE_NAMESPACE,
-)
+from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_NAMESPACE
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
 from sidecar.observe.store import ObservationStore
+from sidecar.observe.usage_fields import usage_of
 from sidecar.telemetry.rows import RequestResult
 
 log = logging.getLogger("sidecar.observe")
@@ -74,6 +70,12 @@ def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
     return Outcome.OK
 
 
+def _numbers(fields: Mapping[str, struct_pb2.Value]) -> dict[str, float]:
+    """The numeric figures of the usage metadata (it also holds strings: shapes, errors)."""
+    return {key: value.number_value for key, value in fields.items()
+            if value.WhichOneof("kind") == "number_value"}
+
+
 # Envoy's own failures on a reply the provider sent whole: not the target's doing.
 _GATEWAY_FAILURES = frozenset({"response_payload_too_large"})
 
@@ -92,11 +94,9 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     first_tx = _ms(common.time_to_first_upstream_tx_byte) or 0.0
     first_rx = _ms(common.time_to_first_upstream_rx_byte)
     last_rx = _ms(common.time_to_last_upstream_rx_byte)
-    tokens = None
-    usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
-    usage_keys = usage.fields if usage is not None else {}
-    if USAGE_KEY in usage_keys:
-        tokens = int(usage_keys[USAGE_KEY].number_value)
+    metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
+    usage_keys = metadata.fields if metadata is not None else {}
+    usage = usage_of(_numbers(usage_keys))
     outcome = outcome_of(common.response_flags, status)
     if outcome is Outcome.OK and 200 <= status < 300:
         headers = entry.response.response_headers
@@ -115,7 +115,9 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         latency_ms=latency_ms,
         ttfb_ms=(first_rx - first_tx) if first_rx is not None else None,
         upstream_ms=upstream_ms,
-        output_tokens=tokens,
+        output_tokens=usage.output_tokens,
+        input_tokens=usage.input_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
     )
 
 
@@ -124,12 +126,8 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
     those no target served (then `serving_target` is None)."""
     common = entry.common_properties
     status = entry.response.response_code.value
-    usage = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
-    keys = usage.fields if usage is not None else {}
-
-    def count(key: str) -> int | None:
-        return int(keys[key].number_value) if key in keys else None
-
+    metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
+    usage = usage_of(_numbers(metadata.fields) if metadata is not None else {})
     first_tx = _ms(common.time_to_first_upstream_tx_byte)
     first_rx = _ms(common.time_to_first_upstream_rx_byte)
     return RequestResult(
@@ -140,9 +138,10 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
         error_class=outcome_of(common.response_flags, status).value,
         latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
         ttfb_ms=(first_rx - (first_tx or 0.0)) if first_rx is not None else None,
-        input_tokens=count(INPUT_TOKENS_KEY),
-        output_tokens=count(USAGE_KEY),
-        cached_tokens=count(CACHED_TOKENS_KEY),
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cached_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
     )
 
 

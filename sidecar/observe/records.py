@@ -42,6 +42,8 @@ class Observation:
     ttfb_ms: float | None = None     # first byte to the upstream → first byte back from it
     upstream_ms: float | None = None  # first byte to the upstream → last byte from it
     output_tokens: int | None = None  # from the usage the provider reported
+    input_tokens: int | None = None   # the whole input (billing.py), and the part of it
+    cache_read_tokens: int | None = None  # read from the provider's prompt cache
     failed_over: bool = False        # this attempt failed and another target took over
     #                                  (per-attempt records arrive with pre-commit fallback)
 

@@ -50,6 +50,8 @@ class _Counts:
     per_token: Histogram = field(default_factory=Histogram)
     tokens: float = 0.0
     token_seconds: float = 0.0
+    input_tokens: float = 0.0          # of `ok` replies that reported their input
+    cache_read_tokens: float = 0.0     # and the part of it read from the prompt cache
 
     def add(self, observation: Observation) -> None:
         self.count += 1
@@ -66,6 +68,10 @@ class _Counts:
             if observation.output_tokens_per_s is not None:
                 self.tokens += observation.output_tokens or 0
                 self.token_seconds += (observation.upstream_ms or 0) / 1000
+            if observation.input_tokens:
+                self.input_tokens += observation.input_tokens
+                self.cache_read_tokens += min(observation.cache_read_tokens or 0,
+                                              observation.input_tokens)
 
     def merge(self, other: _Counts, sign: int = 1) -> None:
         self.count += sign * other.count
@@ -81,6 +87,8 @@ class _Counts:
         self.per_token.merge(other.per_token, sign)
         self.tokens += sign * other.tokens
         self.token_seconds += sign * other.token_seconds
+        self.input_tokens += sign * other.input_tokens
+        self.cache_read_tokens += sign * other.cache_read_tokens
 
     def copy(self) -> _Counts:
         duplicate = _Counts(self.start)
@@ -244,4 +252,6 @@ def _figures(counts: _Counts) -> TargetObservations:
         timeout_rate=rate(counts.outcomes.get(Outcome.UPSTREAM_TIMEOUT, 0)),
         fallback_rate=rate(counts.failed_over),
         cancel_rate=rate(counts.outcomes.get(Outcome.CLIENT_CANCEL, 0)),
+        cache_read_share=(counts.cache_read_tokens / counts.input_tokens
+                          if counts.input_tokens > 0 else None),
     )

@@ -161,7 +161,9 @@ class DynamicScore:
         indices = tuple(c.index for c in eligible)
         tokens, budget = request.estimated_input_tokens, output_budget(request)
         figures = tuple(observed[index] for index in indices)
-        costs = tuple(estimated_cost_usd(c.target, tokens, budget) for c in eligible)
+        costs = tuple(estimated_cost_usd(c.target, tokens, budget,
+                                         observed[c.index].cache_read_share or 0.0)
+                      for c in eligible)
         hot = tuple(warm[index] for index in indices)
         blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot)
         trace.cold_start = blend.cold_start

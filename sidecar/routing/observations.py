@@ -9,7 +9,8 @@ Snapshot file format (JSON)::
     {"targets": {"baseten/gpt-oss-120b": {"count": 120, "p95_latency_ms": 850,
                  "p95_ttfb_ms": 210, "p95_ms_per_output_token": 9.5,
                  "output_tokens_per_s": 95.0, "error_rate": 0.01,
-                 "timeout_rate": 0.0, "fallback_rate": 0.02, "cancel_rate": 0.0}}}
+                 "timeout_rate": 0.0, "fallback_rate": 0.02, "cancel_rate": 0.0,
+                 "cache_read_share": 0.6}}}
 
 Every figure is optional except `count`; rates are fractions in [0, 1]. The output of
 `sidecar observations --format json` is a valid snapshot (its `outcomes` are ignored).
@@ -37,6 +38,9 @@ class TargetObservations:
     timeout_rate: float = 0.0
     fallback_rate: float = 0.0
     cancel_rate: float = 0.0
+    # Of the input of `ok` replies that reported usage, the share read from the provider's
+    # prompt cache: what `cost_score` expects a request's cache reads to be.
+    cache_read_share: float | None = None
 
     @property
     def work_latency_ms(self) -> float | None:
@@ -86,6 +90,7 @@ class ObservationSnapshot:
 EMPTY_SNAPSHOT = ObservationSnapshot({})
 _FIELDS = {f.name for f in fields(TargetObservations)}
 _RATES = ("error_rate", "timeout_rate", "fallback_rate", "cancel_rate")
+_OPTIONAL_RATES = ("cache_read_share",)
 # Keys `sidecar observations --format json` adds that routing does not read.
 _INFORMATIONAL = ("outcomes",)
 
@@ -119,7 +124,7 @@ def _figure(path: str, name: str, value: Any) -> float | int | None:
         raise SnapshotFormatError(f"{path}: must be a finite number")
     if value < 0:
         raise SnapshotFormatError(f"{path}: must not be negative")
-    if name in _RATES and value > 1:
+    if name in (*_RATES, *_OPTIONAL_RATES) and value > 1:
         raise SnapshotFormatError(f"{path}: a rate must be between 0 and 1")
     if name == "count":
         if value != int(value):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.billing import Usage, cost_usd
 from sidecar.config.models import Target
 from sidecar.config.policy import Signals
 from sidecar.routing.observations import TargetObservations
@@ -28,12 +29,16 @@ CANCEL_WEIGHT = 0.5
 DEFAULT_OUTPUT_BUDGET_TOKENS = 1024
 
 
-def estimated_cost_usd(target: Target, input_tokens: int, output_tokens: int) -> float | None:
-    """Estimated cost of one request on `target`, or None when its pricing is unknown."""
+def estimated_cost_usd(target: Target, input_tokens: int, output_tokens: int,
+                       cache_read_share: float = 0.0) -> float | None:
+    """Estimated cost of one request on `target`, or None when its pricing is unknown: the
+    same rule as the bill (sidecar/billing.py), with `cache_read_share` of the input
+    expected from the provider's prompt cache (the share the target was observed to
+    serve from it)."""
     if target.pricing is None:
         return None
-    return (input_tokens * target.pricing.input_per_mtok
-            + output_tokens * target.pricing.output_per_mtok) / 1_000_000
+    read = round(input_tokens * max(0.0, min(1.0, cache_read_share))) if cache_read_share else 0
+    return cost_usd(target.pricing.rates, Usage(input_tokens, output_tokens, read))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from sidecar.telemetry.rows import (
     JoinedRequest,
     Prices,
     RequestResult,
+    cost_usd,
     plain_int,
     plain_text,
     score_bucket,
@@ -38,7 +39,7 @@ _PROFILE = ("strategy", "cold_start", "signals", "request_shape", "complexity",
             "probe", "selected_target", "external")
 _RESULT = ("serving_target", "attempts", "status", "status_class", "error_class",
            "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cached_tokens",
-           "cost_usd")
+           "cost_usd", "cache_write_tokens")
 COLUMNS = _HEAD + _PROFILE + _RESULT
 assert sorted(COLUMNS) == sorted(REQUEST_COLUMNS), "encode.py misses a request_rows column"
 _AFFINITY = _PROFILE.index("affinity")
@@ -47,7 +48,7 @@ _AFFINITY = _PROFILE.index("affinity")
 Profile = tuple[tuple[object, ...], tuple[str, ...] | None, tuple[tuple[str, ...], ...]]
 _NO_DECISION: Profile = (("", None, "", "{}", None, "", "{}", None, None, "", False, None,
                           None, 0, None, None, "not_applicable", None, None, None), None, ())
-_NO_RESULT = (None, None, None, "unknown", None, None, None, None, None, None, None)
+_NO_RESULT = (None, None, None, "unknown", None, None, None, None, None, None, None, None)
 _MAX_PROFILES = 4096
 
 
@@ -100,14 +101,10 @@ class RowEncoder:
         return head + columns + tail
 
     def _result(self, r: RequestResult) -> tuple[object, ...]:
-        price = self._prices.get(r.serving_target or "")
-        tokens_in, tokens_out = r.input_tokens, r.output_tokens
-        cost = (None if price is None or (tokens_in is None and tokens_out is None)
-                else ((tokens_in or 0) * price.input_per_mtok
-                      + (tokens_out or 0) * price.output_per_mtok) / 1e6)
         return (r.serving_target, r.attempts, r.status, status_class(r.status),
-                r.error_class, r.latency_ms, r.ttfb_ms, tokens_in, tokens_out,
-                r.cached_tokens, cost)
+                r.error_class, r.latency_ms, r.ttfb_ms, r.input_tokens, r.output_tokens,
+                r.cached_tokens, cost_usd(self._prices.get(r.serving_target or ""), r),
+                r.cache_write_tokens)
 
 
 def _profile(d: DecisionRecord) -> Profile:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from sidecar.config.models import Pricing
+from sidecar.billing import Rates
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Transition
 from sidecar.telemetry.deferral import DeferralPolicy
@@ -107,7 +107,7 @@ class TelemetryHandoff:
         if len(buffer) >= FLUSH_AT and not self._behind:
             self.flush()
 
-    def reprice(self, prices: Mapping[str, Pricing]) -> None:
+    def reprice(self, prices: Mapping[str, Rates]) -> None:
         """A reload's prices, for rows joined from now on (and for a restarted worker)."""
         records = price_records(prices)
         self._start = replace(self._start, prices=records)

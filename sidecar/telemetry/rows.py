@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from sidecar.config.models import Pricing
+from sidecar.billing import Rates, Usage
+from sidecar.billing import cost_usd as billed
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.signals import request_shape_buckets
@@ -62,9 +63,11 @@ class RequestResult:
     error_class: str               # the observation outcome (`ok`, `server_error`, ...)
     latency_ms: float | None = None
     ttfb_ms: float | None = None
+    # Billing's meaning (sidecar/billing.py): the whole input, cache reads and writes in it.
     input_tokens: int | None = None
     output_tokens: int | None = None
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None      # prompt-cache reads
+    cache_write_tokens: int | None = None  # prompt-cache writes (Anthropic)
 
 
 @dataclass(slots=True)
@@ -109,6 +112,7 @@ class RequestRow:
     traceparent: str | None = None  # a valid W3C traceparent only, for linking to traces
     external: str | None = None    # strategy: external: answered, or why it fell back
     cache: str | None = None       # response cache: hit, miss, bypass (no-store)
+    cache_write_tokens: int | None = None  # prompt-cache writes (input_tokens includes them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,21 +185,17 @@ def result_record(result: RequestResult) -> tuple:
     """`result` as a plain tuple in its fields' order (`RequestResult(*record)`)."""
     return (result.request_id, result.status, result.serving_target, result.attempts,
             result.error_class, result.latency_ms, result.ttfb_ms, result.input_tokens,
-            result.output_tokens, result.cached_tokens)
+            result.output_tokens, result.cached_tokens, result.cache_write_tokens)
 
 
-class Price(NamedTuple):
-    """A target's price as the worker receives it (the configuration's `Pricing` values)."""
-
-    input_per_mtok: float
-    output_per_mtok: float
+# A target's price as the worker receives it: every price resolved (billing.Rates).
+Price = Rates
+Prices = Mapping[str, Rates]
 
 
-Prices = Mapping[str, Price | Pricing]
-
-
-def price_records(prices: Mapping[str, Pricing]) -> dict[str, tuple[float, float]]:
-    return {target: (p.input_per_mtok, p.output_per_mtok) for target, p in prices.items()}
+def price_records(prices: Mapping[str, Rates]) -> dict[str, tuple[float, ...]]:
+    """Each target's prices as a plain tuple (`Rates(*record)`), for the worker."""
+    return {target: tuple(price) for target, price in prices.items()}
 
 
 @dataclass(slots=True)
@@ -215,12 +215,12 @@ def status_class(status: int | None) -> str:
     return f"{status // 100}xx"
 
 
-def cost_usd(pricing: Price | Pricing | None, result: RequestResult) -> float | None:
+def cost_usd(price: Rates | None, result: RequestResult) -> float | None:
     """The serving target's price for what it reported; None when unpriced or unreported."""
-    if pricing is None or (result.input_tokens is None and result.output_tokens is None):
+    if price is None:
         return None
-    return ((result.input_tokens or 0) * pricing.input_per_mtok
-            + (result.output_tokens or 0) * pricing.output_per_mtok) / 1e6
+    return billed(price, Usage(result.input_tokens, result.output_tokens,
+                               result.cached_tokens, result.cache_write_tokens))
 
 
 def request_row(decision: DecisionRecord | None, result: RequestResult | None,
@@ -271,6 +271,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         input_tokens=result.input_tokens if result is not None else None,
         output_tokens=result.output_tokens if result is not None else None,
         cached_tokens=result.cached_tokens if result is not None else None,
+        cache_write_tokens=result.cache_write_tokens if result is not None else None,
         cost_usd=cost_usd(prices.get(serving or ""), result) if result is not None else None,
         join=join,
         traceparent=valid_traceparent(d.traceparent) if d is not None else None,

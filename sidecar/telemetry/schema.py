@@ -65,6 +65,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE request_rows ADD COLUMN external TEXT",
         "ALTER TABLE request_rows ADD COLUMN cache TEXT",
     )),
+    (5, (  # prompt-cache writes, priced apart (issue #27); input_tokens includes them
+        "ALTER TABLE request_rows ADD COLUMN cache_write_tokens BIGINT",
+        "ALTER TABLE daily_usage ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.

@@ -101,6 +101,7 @@ def span_attributes(row: RequestRow) -> dict[str, Any]:
         "gen_ai.usage.input_tokens": row.input_tokens,
         "gen_ai.usage.output_tokens": row.output_tokens,
         "gen_ai.usage.cache_read.input_tokens": row.cached_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": row.cache_write_tokens,
         "http.response.status_code": row.status,
         "error.type": row.error_class if row.error_class not in (None, "ok") else None,
         "sidecar.complexity": row.complexity,

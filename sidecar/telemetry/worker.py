@@ -59,14 +59,14 @@ from sidecar.telemetry.writer import Pacing, Prepared, TelemetryWriter
 class Start:
     settings: Telemetry
     max_age_s: float                         # the longest a request can take (join.py)
-    prices: dict[str, tuple[float, float]]   # rows.price_records
+    prices: dict[str, tuple[float, ...]]   # rows.price_records
     log_level: str
     log_format: str                          # text or json (operations/log_format.py)
     close_timeout_s: float = 5.0
 
 
-def prices_of(records: dict[str, tuple[float, float]]) -> dict[str, Price]:
-    return {target: Price(*pair) for target, pair in records.items()}
+def prices_of(records: dict[str, tuple[float, ...]]) -> dict[str, Price]:
+    return {target: Price(*record) for target, record in records.items()}
 
 
 class Worker:

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import pytest
 
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
+from tests.e2e.observing import Observing
 
 TOKEN = "fallback-caller-token"
 OPENAI_PROVIDERS = ("a1", "a2", "a3", "plain", "s1", "s2")
@@ -94,33 +93,13 @@ def config_text(providers: ProviderThread, closed_port: int) -> str:
     return "\n".join(lines) + "\n" + CONFIG
 
 
-class Stack:
+class Stack(Observing):
     def __init__(self, up: UpProcess, providers: ProviderThread) -> None:
         self.up = up
         self.providers = providers
         self.openai = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
         self.anthropic = anthropic.Anthropic(base_url=up.base_url, api_key=TOKEN,
                                              max_retries=0)
-
-    def admin(self, path: str) -> dict:
-        return httpx.get(f"http://127.0.0.1:{self.up.admin_http_port}{path}", timeout=5).json()
-
-    def figures(self, target: str) -> dict:
-        return self.admin("/observations")["targets"].get(target, {"count": 0, "outcomes": {}})
-
-    def new_outcomes(self, target: str, before: dict, count: int,
-                     timeout: float = 10.0) -> dict:
-        """The target's outcomes since `before` (its figures then), once `count` more
-        observations arrived."""
-        deadline = time.monotonic() + timeout
-        while True:
-            figures = self.figures(target)
-            if figures["count"] >= before["count"] + count:
-                return {name: n - before["outcomes"].get(name, 0)
-                        for name, n in figures["outcomes"].items()
-                        if n != before["outcomes"].get(name, 0)}
-            assert time.monotonic() < deadline, f"{target}: {figures}"
-            time.sleep(0.05)
 
     def received(self, name: str) -> list:
         return list(self.providers.provider(name).received)

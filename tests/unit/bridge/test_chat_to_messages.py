@@ -136,7 +136,8 @@ def test_an_answer_with_text_tool_use_thinking_and_cache_usage() -> None:
     assert choice["message"]["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {
         "name": "weather", "arguments": '{"city": "Oslo"}'}}]
     assert out["usage"] == {"prompt_tokens": 155, "completion_tokens": 20, "total_tokens": 175,
-                            "prompt_tokens_details": {"cached_tokens": 50}}
+                            "prompt_tokens_details": {"cached_tokens": 50,
+                                                      "cache_write_tokens": 5}}
 
 
 @pytest.mark.parametrize(("reason", "finish"), [("end_turn", "stop"), ("max_tokens", "length"),

@@ -171,3 +171,18 @@ def test_since_a_tally_is_exact_whatever_the_slice_width_and_cached_for_refresh(
     store.record(ok())
     clock.now += 1.0
     assert store.since("p/m", tally).count == 3
+
+
+def test_the_cache_read_share_is_the_cached_part_of_reported_input() -> None:
+    """What `cost_score` expects a request's cache reads to be (docs/configuration.md,
+    "Pricing"): only `ok` replies that reported their input count."""
+    clock = Clock()
+    store = ObservationStore(clock=clock)
+    assert store.get("p/m", 600).cache_read_share is None
+    clock.now += 2  # past the read cache
+    store.record(ok(input_tokens=1000, cache_read_tokens=900))
+    store.record(ok(input_tokens=1000, cache_read_tokens=100))
+    store.record(ok())  # no usage reported
+    store.record(Observation("p/m", Outcome.SERVER_ERROR, input_tokens=5000,
+                             cache_read_tokens=0))
+    assert store.get("p/m", 600).cache_read_share == pytest.approx(0.5)

@@ -82,3 +82,16 @@ def test_every_score_is_bounded(rows, complexity_score) -> None:
                   for c, w, lat, tps, e, t, f in rows]
     for scores in score_candidates(candidates, ALL, complexity_score):
         assert all(0.0 <= value <= 1.0 for value in scores.values())
+
+
+def test_the_cost_estimate_prices_the_observed_cache_share_at_the_cache_price() -> None:
+    """The same rule as the bill: a target whose input mostly comes from its prompt cache is
+    cheaper for the request than its plain input price says."""
+    from sidecar.routing.scores import estimated_cost_usd
+    cached = target(pricing={"input_per_mtok": 3.0, "cached_input_per_mtok": 0.3,
+                             "output_per_mtok": 15.0})
+    plain = target(pricing={"input_per_mtok": 1.0, "output_per_mtok": 15.0})
+    assert estimated_cost_usd(cached, 10_000, 100) == pytest.approx((30_000 + 1_500) / 1e6)
+    assert estimated_cost_usd(cached, 10_000, 100, 0.9) == pytest.approx(
+        (1_000 * 3.0 + 9_000 * 0.3 + 1_500) / 1e6)
+    assert estimated_cost_usd(cached, 10_000, 100, 0.9) < estimated_cost_usd(plain, 10_000, 100)

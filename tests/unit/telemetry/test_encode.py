@@ -33,7 +33,7 @@ from tests.unit.routing.test_properties import (
     targets,
 )
 
-PRICES = {"p/m0": Price(1.0, 4.0), "p/m2": Price(0.5, 0.0)}
+PRICES = {"p/m0": Price(1.0, 4.0, 0.1, 1.25), "p/m2": Price(0.5, 0.0, 0.5, 0.5)}
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 results = st.builds(
@@ -42,7 +42,7 @@ results = st.builds(
         latency, None if latency is None else latency / 3, *tokens),
     st.sampled_from([0, 200, 429, 503]),
     st.sampled_from([None, "p/m0", "p/m1", "p/m2"]),
-    st.tuples(*(st.one_of(st.none(), st.integers(0, 10_000)),) * 3),
+    st.tuples(*(st.one_of(st.none(), st.integers(0, 10_000)),) * 4),
     st.one_of(st.none(), st.floats(0.1, 60_000)))
 callers = st.fixed_dictionaries({
     "traceparent": st.sampled_from(["", TRACE, "garbage"]),

@@ -55,7 +55,7 @@ def handoff(tmp_path: Path, limit: int = 10_000) -> tuple[TelemetryHandoff, Coun
     counted: Counter = Counter()
     prices = {"p/a": Pricing(input_per_mtok=1, output_per_mtok=4)}
     start = Start(Telemetry(sqlite_path=tmp_path / "t.db"), 60.0,
-                  {t: (p.input_per_mtok, p.output_per_mtok) for t, p in prices.items()},
+                  {t: tuple(p.rates) for t, p in prices.items()},
                   "WARNING", "text")
     return TelemetryHandoff(start, counted.update, limit), counted
 
@@ -194,7 +194,7 @@ def test_a_reload_reprices_the_rows_joined_after_it(tmp_path: Path) -> None:
         channel.decided(decision("before"))
         channel.finished(result("before"))  # over the limit of 1: dropped, and counted
         channel.flush()
-        channel.reprice({"p/a": Pricing(input_per_mtok=10, output_per_mtok=40)})
+        channel.reprice({"p/a": Pricing(input_per_mtok=10, output_per_mtok=40).rates})
         channel.flush()
         channel.decided(decision("after"))
         channel.flush()

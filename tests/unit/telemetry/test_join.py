@@ -35,7 +35,7 @@ GROUP = config("""
         score_terms:
           - {name: quick, expression: "latency_score"}
 """)
-PRICES = {"p/a": Pricing(input_per_mtok=1, output_per_mtok=4)}
+PRICES = {"p/a": Pricing(input_per_mtok=1, output_per_mtok=4).rates}
 
 
 class Clock:

@@ -46,7 +46,8 @@ ALL = Filters(since=DAY1, until=DAY1 + 2 * 86_400)
 def test_usage_by_target_matches_hand_computed_figures(conn) -> None:
     a, b = report(conn, "usage", ALL, by="target")
     assert a == {"target": "p/a", "requests": 3, "errors": 0, "input_tokens": 310,
-                 "output_tokens": 31, "cached_tokens": 0, "cost_usd": 0.0035,
+                 "output_tokens": 31, "cached_tokens": 0, "cache_write_tokens": 0,
+                 "cost_usd": 0.0035,
                  "latency_p50_ms": 300.0, "latency_p95_ms": 400.0, "latency_p99_ms": 400.0,
                  "error_classes": {}}
     assert (b["requests"], b["errors"], b["error_classes"], b["cost_usd"]) == (

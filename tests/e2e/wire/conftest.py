@@ -1,0 +1,132 @@
+"""The stack the real-provider-wire tests share (issue #27): fake providers that behave as
+real ones do (sidecar/devstack/provider_behaviours.py), `sidecar up` with real Envoy in
+front of them, telemetry in SQLite, and the official SDKs as clients.
+
+Fixtures: `wire` (one stack for the package) and `fresh` (every provider healthy and
+forgotten, per test)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.providers import Behaviour, FakeProvider
+from tests.e2e.observing import Observing
+
+TOKEN = "wire-caller-token"
+OPENAI_PROVIDERS = ("o1", "o2", "o3")
+ANTHROPIC_PROVIDERS = ("c1", "c2")
+KEYS = {name: f"key-{name}-secret" for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS}
+OPENAI_PRICE = "{input_per_mtok: 1.25, cached_input_per_mtok: 0.125, output_per_mtok: 10}"
+ANTHROPIC_PRICE = ("{input_per_mtok: 3, cached_input_per_mtok: 0.3, cache_write_per_mtok: 3.75, "
+                   "output_per_mtok: 15}")
+GROUPS = f"""\
+models:
+  priced:
+    targets:
+      - {{provider: o1, model_ref: o1-model, pricing: {OPENAI_PRICE}}}
+  priced-claude:
+    targets:
+      - {{provider: c1, model_ref: c1-model, pricing: {ANTHROPIC_PRICE}}}
+  chain:
+    strategy: failover
+    targets:
+      - {{provider: o1, model_ref: o1-model, pricing: {OPENAI_PRICE}}}
+      - {{provider: o2, model_ref: o2-model, pricing: {OPENAI_PRICE}}}
+      - {{provider: o3, model_ref: o3-model, pricing: {OPENAI_PRICE}}}
+  claude-chain:
+    strategy: failover
+    targets:
+      - {{provider: c1, model_ref: c1-model}}
+      - {{provider: c2, model_ref: c2-model}}
+"""
+
+
+def config_text(providers: ProviderThread, db: Path) -> str:
+    lines = ["providers:"]
+    for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS:
+        dialect = "anthropic_messages" if name in ANTHROPIC_PROVIDERS else "openai_chat"
+        lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "
+                     f"credential: {{env: KEY_{name.upper()}}}, dialects: [{dialect}]}}")
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    lines += [f"callers: [{{name: wire-team, token_sha256: {digest}}}]",
+              "observations: {flush_interval_ms: 50, refresh_ms: 10}",
+              f"telemetry: {{sqlite_path: '{db}', replica: wire}}"]
+    return "\n".join(lines) + "\n" + GROUPS
+
+
+class Stack(Observing):
+    def __init__(self, up: UpProcess, providers: ProviderThread, db: Path) -> None:
+        self.up = up
+        self.providers = providers
+        self.db = db
+        self.openai = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        self.anthropic = anthropic.Anthropic(base_url=up.base_url, api_key=TOKEN,
+                                             max_retries=0)
+
+    def behave(self, name: str, behaviour: Behaviour) -> None:
+        self.providers.provider(name).behaviour = behaviour
+
+    def received(self, name: str) -> list:
+        return list(self.providers.provider(name).received)
+
+
+    def row(self, request_id_or_group: str, since: float, timeout: float = 15.0) -> dict:
+        """The one telemetry row of `group` that started at or after `since`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with sqlite3.connect(self.db) as conn:
+                conn.row_factory = sqlite3.Row
+                found = [dict(r) for r in conn.execute(
+                    "SELECT * FROM request_rows WHERE group_name = ? AND started_at >= ? "
+                    "AND join_kind = 'joined'", (request_id_or_group, since))]
+            if found:
+                assert len(found) == 1, found
+                return found[0]
+            assert time.monotonic() < deadline, f"no row for {request_id_or_group}"
+            time.sleep(0.05)
+
+
+def reset(stack: Stack) -> Stack:
+    for provider in stack.providers.server.providers.values():
+        provider.behaviour = Behaviour()
+        provider.received.clear()
+        provider.cancelled = 0
+        provider.served = 0
+    return stack
+
+
+_unique = itertools.count()
+
+
+def prompt() -> list[dict]:
+    """A distinct prompt per call: a request is told apart in the providers' records."""
+    return [{"role": "user", "content": f"hello {next(_unique)}"}]
+
+
+@pytest.fixture(scope="package")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp: Path = tmp_path_factory.mktemp("wire")
+    fakes = [FakeProvider(name, api_key=KEYS[name]) for name in KEYS]
+    with ProviderThread(fakes) as providers:
+        db = tmp / "telemetry.db"
+        (tmp / "config.yaml").write_text(config_text(providers, db))
+        env = {f"KEY_{name.upper()}": key for name, key in KEYS.items()}
+        up = UpProcess(["--config", str(tmp / "config.yaml")], env=env,
+                       log_path=tmp / "up.log")
+        with up.running():
+            yield Stack(up, providers, db)
+
+
+@pytest.fixture
+def fresh(wire: Stack) -> Stack:
+    return reset(wire)

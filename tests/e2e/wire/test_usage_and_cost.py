@@ -1,0 +1,71 @@
+"""Usage, tokens and cost for every reply the caller received, whatever its framing, priced
+as providers bill prompt caching (issue #27, observations 1 and 2; docs/observations.md,
+docs/configuration.md "Pricing")."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sidecar.devstack.provider_behaviours import behaviour
+from sidecar.devstack.providers import Behaviour
+from tests.e2e.wire.conftest import Stack, prompt
+
+pytestmark = pytest.mark.e2e
+
+
+_NOT_YET = pytest.mark.xfail(strict=True, reason="issue #27.1: chunked replies not read yet")
+
+
+@pytest.mark.parametrize("framing", ["content-length",
+                                     pytest.param("chunked", marks=_NOT_YET)])
+def test_a_json_reply_is_counted_and_priced_whatever_its_framing(fresh: Stack,
+                                                                 framing: str) -> None:
+    """A chunked reply used to leave the row at 0 tokens and no cost, and the window
+    without a throughput figure."""
+    fresh.behave("o1", Behaviour(chunked_json=framing == "chunked"))
+    before = fresh.figures("o1/o1-model")
+    started = time.time()
+    reply = fresh.openai.chat.completions.create(model="priced", messages=prompt())
+    row = fresh.row("priced", started)
+    assert (row["input_tokens"], row["output_tokens"]) == (
+        reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    assert row["cost_usd"] == pytest.approx(
+        (reply.usage.prompt_tokens * 1.25 + reply.usage.completion_tokens * 10) / 1e6)
+    assert fresh.new_outcomes("o1/o1-model", before, 1) == {"ok": 1}
+    assert fresh.figures("o1/o1-model")["output_tokens_per_s"] is not None
+
+
+def test_openai_cached_tokens_are_priced_at_the_cache_price(fresh: Stack) -> None:
+    fresh.behave("o1", behaviour("openai_cached_usage"))
+    started = time.time()
+    reply = fresh.openai.chat.completions.create(model="priced", messages=prompt())
+    usage = reply.usage
+    assert usage.prompt_tokens_details.cached_tokens == 1024
+    row = fresh.row("priced", started)
+    assert (row["input_tokens"], row["cached_tokens"]) == (usage.prompt_tokens, 1024)
+    assert row["cost_usd"] == pytest.approx(
+        ((usage.prompt_tokens - 1024) * 1.25 + 1024 * 0.125
+         + usage.completion_tokens * 10) / 1e6)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_cache_reads_and_writes_are_priced_beside_the_input(fresh: Stack,
+                                                                      stream: bool) -> None:
+    fresh.behave("c1", behaviour("anthropic_cache_usage"))
+    started = time.time()
+    if stream:
+        with fresh.anthropic.messages.stream(model="priced-claude", max_tokens=64,
+                                             messages=prompt()) as events:
+            usage = events.get_final_message().usage
+    else:
+        usage = fresh.anthropic.messages.create(model="priced-claude", max_tokens=64,
+                                                messages=prompt()).usage
+    assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (1024, 256)
+    row = fresh.row("priced-claude", started)
+    whole_input = usage.input_tokens + 1024 + 256
+    assert (row["input_tokens"], row["cached_tokens"], row["cache_write_tokens"]) == (
+        whole_input, 1024, 256)
+    assert row["cost_usd"] == pytest.approx(
+        (usage.input_tokens * 3 + 1024 * 0.3 + 256 * 3.75 + usage.output_tokens * 15) / 1e6)
