@@ -45,13 +45,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def config_text(provider_url: str, observations: bool) -> str:
-    """One caller, one group `g` with one target on the demo provider `bench`."""
+def config_text(provider_url: str, observations: bool, group: str = "") -> str:
+    """One caller, one group `g` with one target on the demo provider `bench`; `group`:
+    more keys of the group, as YAML flow-mapping entries (`fallback: {...}`)."""
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    extra = f", {group}" if group else ""
     return (f"providers: {{bench: {{base_url: '{provider_url}'}}}}\n"
             f"callers: [{{name: bench, token_sha256: {digest}}}]\n"
             f"observations: {{enabled: {str(observations).lower()}}}\n"
-            "models: {g: {targets: [{provider: bench, model_ref: m}]}}\n")
+            f"models: {{g: {{targets: [{{provider: bench, model_ref: m}}]{extra}}}}}\n")
 
 
 def connection_manager(document: dict) -> dict:
@@ -97,10 +99,10 @@ async def latencies(port: int, count: int) -> list[float]:
 def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load, *,
              observations: bool = False, extend: Extend | None = None,
              helper_source: str | None = None, helper_cluster: str | None = None,
-             settle_s: float = 0.0) -> dict[str, float]:
+             settle_s: float = 0.0, group: str = "") -> dict[str, float]:
     listen, admin, grpc_port, helper_port = (free_port() for _ in range(4))
     config = workdir / f"{name}.yaml"
-    config.write_text(config_text(provider_url, observations))
+    config.write_text(config_text(provider_url, observations, group))
     token_file = workdir / f"{name}.grpc-token"
     document = yaml.safe_load(render_envoy_yaml(
         load_config_text(config.read_text()),
@@ -110,7 +112,7 @@ def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load
     processes = [subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
          f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{free_port()}",
-         "--grpc-token-file", str(token_file)],
+         "--grpc-token-file", str(token_file), "--drain-seconds", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     if extend is not None:
         extend(document, helper_port)

@@ -196,13 +196,32 @@ class Fallback(StrictModel):
     per_try_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 300.0
     # The whole request, streams included; unset means `limits.request_timeout_seconds`.
     deadline_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] | None = None
+    # Streams: the caller's response starts only with the target's first complete event, so
+    # a target that fails, errors in-band or stays silent before it hands over
+    # (docs/reply-gate.md). Costs a short gRPC exchange per stream, hence opt-in.
+    commit_at_first_event: bool = False
+    # With commit_at_first_event: how long a stream may take to its first event per attempt
+    # (unset: per_try_timeout_seconds).
+    first_token_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 3_600)] | None = None
 
     @model_validator(mode="after")
     def _per_try_within_deadline(self) -> Fallback:
         if self.deadline_seconds is not None and (
                 self.per_try_timeout_seconds > self.deadline_seconds):
             raise ValueError("per_try_timeout_seconds must not exceed deadline_seconds")
+        if self.first_token_timeout_seconds is not None and not self.commit_at_first_event:
+            raise ValueError("first_token_timeout_seconds needs commit_at_first_event: true "
+                             "(a stream's first event can be waited for only while the "
+                             "caller has not been answered)")
+        if (self.first_token_timeout_seconds is not None and self.deadline_seconds is not None
+                and self.first_token_timeout_seconds > self.deadline_seconds):
+            raise ValueError("first_token_timeout_seconds must not exceed deadline_seconds")
         return self
+
+    @property
+    def first_event_wait_seconds(self) -> float:
+        """How long an attempt's stream may take to its first event."""
+        return self.first_token_timeout_seconds or self.per_try_timeout_seconds
 
 
 class ModelGroup(StrictModel):

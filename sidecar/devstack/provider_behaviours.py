@@ -82,9 +82,10 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
     NamedBehaviour("slow_first_token", "any provider under load: 200 and headers at once, "
                    "the first event 20 s later", lambda: Behaviour(first_event_delay_s=20.0)),
     NamedBehaviour("stalled_stream", "any provider: a stream that stops sending mid-way",
-                   lambda: Behaviour(stall_after_events=3)),
-    NamedBehaviour("cut_stream", "any provider: a connection lost mid-stream",
-                   lambda: Behaviour(fail_after_events=3)),
+                   lambda: Behaviour(stall_after_events=3, inter_event_delay_s=0.1)),
+    NamedBehaviour("cut_stream", "any provider: a connection lost mid-stream (events 100 ms "
+                   "apart, so the caller has the first ones)",
+                   lambda: Behaviour(fail_after_events=3, inter_event_delay_s=0.1)),
     NamedBehaviour("garbage_event", "a broken proxy: one event that is not JSON",
                    lambda: Behaviour(garbage_after_events=3)),
     NamedBehaviour("openai_context_length", "platform.openai.com/docs/guides/error-codes "

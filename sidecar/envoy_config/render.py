@@ -99,6 +99,7 @@ from sidecar.envoy_config.fallback import (
 )
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
+from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
 from sidecar.envoy_config.response_headers import response_header_filter
 from sidecar.envoy_config.upstream_errors import (
     RESET_CLOSE_DELAY,
@@ -203,7 +204,11 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
     cleared = credential_headers(config)
     # A bounded reply is held until complete, so one that breaks is retried.
     held = hold_bounded_replies(held_reply_limit(config.limits.max_request_body_bytes))
+    undeclared = undeclared_length_gate(message_timeout_ms, cleared)
     for group_name, group in config.models.items():
+        # Streams of this group wait for their first event before the caller is answered.
+        first_event = (group.fallback.first_event_wait_seconds
+                       if group.fallback.commit_at_first_event else None)
         for index, target in enumerate(group.targets):
             provider = config.providers[target.provider]
             dialects = tuple(config.target_dialects(target))
@@ -213,15 +218,19 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
                 return injector_filters(config, target, addresses.secrets_dir)
 
             def native(name: str, provider: Provider = provider, stripped: tuple = stripped,
-                       held: HttpFilter = held, injectors: Callable = injectors) -> Cluster:
-                filters = [held, *attempt_filters(message_timeout_ms, cleared, stripped,
-                                                  injectors())]
+                       held: HttpFilter = held, injectors: Callable = injectors,
+                       first_event: float | None = first_event) -> Cluster:
+                gates = [undeclared]
+                if first_event is not None:
+                    gates.append(first_event_gate(first_event, cleared))
+                filters = [held, *gates, *attempt_filters(message_timeout_ms, cleared,
+                                                          stripped, injectors())]
                 return _target_cluster(name, provider.base_url,
                                        provider.connect_timeout_seconds,
                                        addresses.ca_bundle, filters)
 
             yield (target_cluster_name(group_name, index, target.provider),
-                   (target.provider, dialects, "native"), native)
+                   (target.provider, dialects, "native", first_event), native)
             for processed in processed_routes(dialects, group.bridges,
                                               group.caches_responses):
                 # A session never retries: its key may be stripped before the provider.

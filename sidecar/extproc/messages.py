@@ -20,7 +20,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
-from sidecar.envoy_contract import CLUSTER_ATTRIBUTE, ROUTE_NAMESPACE, SIDECAR_REPLY_DETAILS
+from sidecar.envoy_contract import (
+    CLUSTER_ATTRIBUTE,
+    ROUTE_NAMESPACE,
+    SIDECAR_REPLY_DETAILS,
+    USAGE_NAMESPACE,
+)
 from sidecar.gateway.bridging import Rewrite
 from sidecar.gateway.outcome import BodyParts, Forward, Reply, Retarget, body_size
 
@@ -175,6 +180,28 @@ def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     again (clear_route_cache) so the cluster specifier reads it."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
                           outcome.attempts)
+
+
+def continue_response_headers() -> ext.ProcessingResponse:
+    return ext.ProcessingResponse(response_headers=ext.HeadersResponse())
+
+
+def release_body(facts: Mapping[str, float | str]) -> ext.ProcessingResponse:
+    """A held reply goes on unchanged; what the sidecar read of it goes to the usage
+    metadata, where the access log finds it as it finds json_to_metadata's."""
+    response = ext.ProcessingResponse(response_body=ext.BodyResponse())
+    if facts:
+        response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
+    return response
+
+
+def retry_held_reply(status: int) -> ext.ProcessingResponse:
+    """The held reply's headers, with a status the router retries on the next target (the
+    reply itself is an in-band failure behind a 200)."""
+    response = ext.ProcessingResponse()
+    response.response_headers.response.header_mutation.set_headers.extend(
+        _set(((":status", str(status)),)))
+    return response
 
 
 def continue_attempt() -> ext.ProcessingResponse:

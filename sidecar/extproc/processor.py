@@ -1,10 +1,13 @@
 """The ext_proc protocol loop: one gRPC stream per HTTP request, two messages on the happy path
 (request headers, then the buffered request body).
 
-Two kinds of streams arrive on the same service. The router-level filter opens one per
+Several kinds of streams arrive on the same service. The router-level filter opens one per
 request and gets the routing decision. The per-attempt filter on the target clusters opens
 one only for a retry (Envoy skips it on first attempts) and names the attempt's cluster in
-its attributes; that stream rewrites the retry for its target.
+its attributes; that stream rewrites the retry for its target. A bridge cluster's filter
+opens one per attempt (request and response). The reply gate's filters open one for a reply
+Envoy holds before its router sees it, and start with the response headers
+(gateway/reply_gate.py).
 
 Everything here is synchronous — a message in, at most one response out, and whether the
 stream is done; the gRPC server (sidecar.grpcwire) calls it straight from the socket read —
@@ -27,6 +30,13 @@ from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply, bridging
 from sidecar.gateway.bridging import BridgeAttempt
 from sidecar.gateway.outcome import Ask
+from sidecar.gateway.reply_gate import (
+    FirstEventGate,
+    Release,
+    Retry,
+    UndeclaredLengthGate,
+    is_event_stream,
+)
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
@@ -72,7 +82,8 @@ class ExternalProcessor:
 class ProcessStream:
     """One ext_proc stream: the gRPC handler interface around `step`."""
 
-    __slots__ = ("_bridge", "_closed", "_gateway", "_pending", "_processor", "_route", "_task")
+    __slots__ = ("_bridge", "_closed", "_gate", "_gateway", "_pending", "_processor", "_route",
+                 "_task")
 
     def __init__(self, processor: ExternalProcessor) -> None:
         self._processor = processor
@@ -80,6 +91,7 @@ class ProcessStream:
         self._pending: Pending | None = None
         self._route: TargetRoute | None = None
         self._bridge: BridgeAttempt | None = None
+        self._gate: UndeclaredLengthGate | FirstEventGate | None = None
         self._closed = False
         self._task: asyncio.Task[None] | None = None
 
@@ -171,6 +183,10 @@ class ProcessStream:
             return messages.continue_headers(headers, gateway.forwarded_headers), False
         if self._bridge is not None:
             return self._bridged(kind, request)
+        if kind == "response_headers" and self._pending is None and self._route is None:
+            return self._gate_opened(request.response_headers)
+        if kind == "response_body" and self._gate is not None:
+            return self._gated(request.response_body)
         if kind == "request_body" and self._route is not None:
             rewritten = gateway.on_attempt_body(self._route, request.request_body.body)
             if isinstance(rewritten, Reply):
@@ -190,6 +206,30 @@ class ProcessStream:
                          kind)
         return None, True
 
+
+    def _gate_opened(self, message: ext.HttpHeaders) -> Step:
+        """A reply held at the gate: read a body of undeclared length whole; hold a
+        stream's headers unanswered until its first event."""
+        if message.end_of_stream:
+            return messages.continue_response_headers(), True
+        if is_event_stream(messages.header_map(message)):
+            self._gate = FirstEventGate()
+            return None, False
+        self._gate = UndeclaredLengthGate()
+        return messages.continue_response_headers(), False
+
+    def _gated(self, body: ext.HttpBody) -> Step:
+        verdict = self._gate.body(body.body, body.end_of_stream)  # type: ignore[union-attr]
+        if isinstance(self._gate, UndeclaredLengthGate):
+            assert isinstance(verdict, Release)
+            return messages.release_body(verdict.facts), True
+        if verdict is None:
+            return None, False
+        if isinstance(verdict, Retry):
+            return messages.retry_held_reply(verdict.status), True
+        # Ending the stream is "processing complete" for Envoy: the held headers and chunks
+        # go on, and the rest of the stream flows without the sidecar.
+        return None, True
 
     def _bridged(self, kind: str | None, request: ext.ProcessingRequest) -> Step:
         """The phases of an attempt through a bridge cluster (gateway/bridging.py)."""

@@ -246,7 +246,8 @@ class Gateway:
             ("content-length", str(body_size(new_body))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
-            *runtime.attempt_headers[model],
+            *(runtime.stream_attempt_headers if summary.stream else runtime.attempt_headers)[
+                model],
         ]
         if anthropic and not pending.has_anthropic_version:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))

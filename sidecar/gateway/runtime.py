@@ -50,16 +50,32 @@ class BridgeRoute:
     passthrough: bool = False
 
 
+PER_TRY_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
+
+
 def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
     """The group's time bounds as Envoy router headers (the route is shared by all groups):
     the per-attempt timeout to response headers, and the deadline of the whole request."""
     fallback = config.models[group].fallback
     deadline = config.deadline_seconds(config.models[group])
     return (
-        ("x-envoy-upstream-rq-per-try-timeout-ms",
-         str(max(1, round(fallback.per_try_timeout_seconds * 1000)))),
-        ("x-envoy-upstream-rq-timeout-ms", str(max(1, round(deadline * 1000)))),
+        (PER_TRY_TIMEOUT_HEADER, _ms(fallback.per_try_timeout_seconds)),
+        ("x-envoy-upstream-rq-timeout-ms", _ms(deadline)),
     )
+
+
+def stream_attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
+    """A stream's bounds where the group commits at the first event: the reply gate holds
+    the headers until then, so the router's per-try timeout is the first-token deadline."""
+    fallback = config.models[group].fallback
+    if not fallback.commit_at_first_event:
+        return attempt_headers(config, group)
+    return ((PER_TRY_TIMEOUT_HEADER, _ms(fallback.first_event_wait_seconds)),
+            *attempt_headers(config, group)[1:])
 
 
 def provider_key_problems(config: SidecarConfig,
@@ -135,6 +151,8 @@ class Runtime:
         # bootstrap is not the rendered one, and a key reached the sidecar.
         self.credential_headers = frozenset(credential_headers(config))
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
+        self.stream_attempt_headers = {name: stream_attempt_headers(config, name)
+                                       for name in config.models}
 
     def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
                        target: Target, bridges: bool, cached: bool) -> None:

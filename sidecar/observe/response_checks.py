@@ -1,8 +1,9 @@
 """Whether a provider's 2xx is what its dialect promises, judged from what Envoy logged.
 
-The sidecar never reads a response byte. Envoy's usage readers (json_to_metadata for JSON
-replies, sse_to_metadata for event streams; envoy_config/observation_filters.py) leave a few
-facts in the `sidecar.usage` dynamic metadata, and the access log carries the response's
+Envoy's usage readers (json_to_metadata for JSON replies, sse_to_metadata for event streams;
+envoy_config/observation_filters.py), and the sidecar for the replies of undeclared length
+it reads at the reply gate (reply_reading.py), leave a few facts in the `sidecar.usage`
+dynamic metadata, and the access log carries the response's
 content type and encoding. From those alone:
 
 | a 2xx with … | verdict |
@@ -12,7 +13,7 @@ content type and encoding. From those alone:
 | a JSON body that does not parse, or is empty | invalid |
 | a JSON body with neither usage nor a completion's `object`/`type` | invalid |
 | an event stream without a single event of either dialect's shape (`object`/`type`) | invalid |
-| a JSON body that was not read (chunked, or longer than the held-reply limit) | valid |
+| a JSON body that was not read (longer than the held limits) | valid |
 | a compressed body (Envoy's readers cannot read it), or no content type at all | valid |
 
 A valid-looking body is not proof of a good completion; the checks catch what providers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -221,8 +222,10 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
     for cluster in targets:
         options = cluster["typed_extension_protocol_options"][
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-        hold, retarget, strip, *injectors, codec = options["http_filters"]
+        hold, gate, retarget, strip, *injectors, codec = options["http_filters"]
         assert hold["name"] == "sidecar.hold_bounded_replies"
+        # The SPEC group commits streams at their headers: only the undeclared-length gate.
+        assert gate["name"] == "sidecar.gate_undeclared_length"
         matcher = retarget["typed_config"]["xds_matcher"]["matcher_list"]["matchers"][0]
         single = matcher["predicate"]["single_predicate"]
         assert single["input"]["typed_config"]["header_name"] == "x-envoy-attempt-count"
@@ -350,3 +353,42 @@ models:
     typed = bootstrap(without, EnvoyAddresses(), with_targets=True)
     names = [c.name for c in typed.static_resources.clusters]
     assert not any(name.endswith("_cached") for name in names)
+
+
+def test_the_reply_gate_reads_only_replies_envoy_cannot_and_streams_only_where_asked() -> None:
+    """docs/reply-gate.md: a reply of declared length or an event stream skips the
+    undeclared-length gate; only clusters of a group that commits at the first event hold
+    streams, with a message timeout past the first-token deadline; both fail open."""
+    first = """\
+first:
+  fallback: {commit_at_first_event: true, first_token_timeout_seconds: 2.5}
+  targets: [{provider: openai, model_ref: m}]
+"""
+    config = load_config_text((FIXTURES / "spec_sample.yaml").read_text()
+                              + textwrap.indent(first, "  "))
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    clusters = {c["name"]: c for c in document["static_resources"]["clusters"]}
+
+    def gates(name: str) -> dict[str, dict]:
+        options = clusters[name]["typed_extension_protocol_options"][
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        return {f["name"]: f["typed_config"] for f in options["http_filters"]
+                if f["name"].startswith("sidecar.gate_")}
+
+    assert set(gates("target__adaptive-agent__0__baseten")) == {"sidecar.gate_undeclared_length"}
+    held = gates("target__first__0__openai")
+    assert set(held) == {"sidecar.gate_undeclared_length", "sidecar.gate_first_event"}
+    undeclared = held["sidecar.gate_undeclared_length"]
+    skip = undeclared["xds_matcher"]["matcher_list"]["matchers"][0]["predicate"]["or_matcher"]
+    assert [p["single_predicate"]["input"]["typed_config"]["header_name"]
+            for p in skip["predicate"]] == ["content-length", "content-type"]
+    processor = undeclared["extension_config"]["typed_config"]
+    assert processor["processing_mode"]["response_body_mode"] == "BUFFERED_PARTIAL"
+    assert processor["processing_mode"]["request_header_mode"] == "SKIP"
+    assert processor["failure_mode_allow"] is True
+    assert processor["metadata_options"] == {"receiving_namespaces": {"untyped": ["sidecar.usage"]}}
+    first = held["sidecar.gate_first_event"]["extension_config"]["typed_config"]
+    assert first["processing_mode"]["response_body_mode"] == "STREAMED"
+    assert first["send_body_without_waiting_for_header_response"] is True
+    assert first["message_timeout"] == "3.500s"
+    assert first["failure_mode_allow"] is True

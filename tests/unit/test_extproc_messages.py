@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import json_format
@@ -116,7 +117,7 @@ def test_models_list_needs_no_body_phase() -> None:
 
 
 def test_unexpected_phase_never_stalls_and_bad_input_never_crashes() -> None:
-    assert run(ext.ProcessingRequest(response_headers=ext.HttpHeaders())) == []
+    assert run(ext.ProcessingRequest(response_trailers=ext.HttpTrailers())) == []
     (response,) = run(body_message(b"{}"))
     assert response.immediate_response.status.code == 500
     _, reply = run(headers_message("/v1/chat/completions"), body_message(b"\x00" * 64))
@@ -178,10 +179,99 @@ def test_unexpected_messages_are_logged_at_a_bounded_rate(caplog) -> None:
     import logging
 
     processor = ExternalProcessor(Gateway(Runtime(CONFIG, {})))
-    odd = ext.ProcessingRequest(response_headers=ext.HttpHeaders())
+    odd = ext.ProcessingRequest(response_trailers=ext.HttpTrailers())
     with caplog.at_level(logging.WARNING, logger="sidecar.extproc"):
         for _ in range(50):
             response, done = processor.stream().step(odd)
             assert response is None and done  # never stalls the request
     lines = [r for r in caplog.records if "unexpected ext_proc message" in r.getMessage()]
     assert 1 <= len(lines) <= 10
+
+
+# --- the reply gate (docs/reply-gate.md) ----------------------------------------------------
+
+def response_headers(end_of_stream: bool = False, **headers: str) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+        headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode())
+                                   for k, v in headers.items()]),
+        end_of_stream=end_of_stream))
+
+
+def response_body(body: bytes, end_of_stream: bool = False) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(response_body=ext.HttpBody(body=body,
+                                                             end_of_stream=end_of_stream))
+
+
+def steps(*requests: ext.ProcessingRequest) -> list[tuple[ext.ProcessingResponse | None, bool]]:
+    """Each request's (answer, stream done), as the gRPC server sees them."""
+    stream = ExternalProcessor(Gateway(Runtime(CONFIG, {}))).stream()
+    results = []
+    for request in requests:
+        response, done = stream.step(request)
+        results.append((response, done))
+        if done:
+            break
+    return results
+
+
+def test_a_chunked_reply_is_answered_and_read_for_its_usage() -> None:
+    reply = json.dumps({"object": "chat.completion", "choices": [],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
+    (headers, headers_done), (body, body_done) = steps(
+        response_headers(**{"content-type": "application/json"}),
+        response_body(reply, end_of_stream=True))
+    assert headers.HasField("response_headers") and not headers_done
+    assert body_done and body.HasField("response_body")
+    usage = json_format.MessageToDict(body.dynamic_metadata)["sidecar.usage"]
+    assert usage["output_tokens"] == 7 and usage["input_tokens"] == 11
+    assert usage["shape"] == "chat.completion"
+    assert not body.response_body.response.HasField("header_mutation")  # passed unchanged
+
+
+def test_a_partial_body_beyond_the_buffer_is_released_unread() -> None:
+    (_, _), (body, done) = steps(response_headers(), response_body(b'{"choices": [', False))
+    assert done and not body.HasField("dynamic_metadata")
+
+
+def test_a_stream_is_held_unanswered_until_its_first_event_then_released_by_ending() -> None:
+    start = response_headers(**{"content-type": "text/event-stream"})
+    held = steps(start, response_body(b": keep-alive\n\n"),
+                 response_body(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+                 response_body(b'data: {"object": "chat.completion.chunk"'),
+                 response_body(b'}\n\n'))
+    assert [answer for answer, _ in held] == [None] * 5  # nothing answered: Envoy waits
+    assert [done for _, done in held] == [False, False, False, False, True]
+
+
+@pytest.mark.parametrize(("event", "status"), [
+    (b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n', 529),
+    (b'data: {"error": {"message": "x", "type": "server_error"}}\n\n', 500),
+    (b'event: error\ndata: {"type": "error", "error": {"type": "rate_limit_error"}}\n\n', 429),
+    (b'data: {"error": {"message": "?"}}\n\n', 502),
+])
+def test_an_in_band_error_first_becomes_a_status_the_router_retries(event: bytes,
+                                                                    status: int) -> None:
+    _, (answer, done) = steps(response_headers(**{"content-type": "text/event-stream"}),
+                              response_body(event))
+    assert done
+    (set_status,) = answer.response_headers.response.header_mutation.set_headers
+    assert (set_status.header.key, set_status.header.raw_value) == (":status",
+                                                                    str(status).encode())
+
+
+def test_a_request_error_in_band_and_text_that_mentions_error_are_released() -> None:
+    for event in (b'event: error\ndata: {"type": "error", "error": '
+                  b'{"type": "invalid_request_error"}}\n\n',
+                  b'data: {"choices": [{"delta": {"content": "\\"error\\" is a word"}}]}\n\n'):
+        _, (answer, done) = steps(response_headers(**{"content-type": "text/event-stream"}),
+                                  response_body(event))
+        assert (answer, done) == (None, True)
+
+
+def test_a_stream_without_a_complete_event_is_released_at_the_bound() -> None:
+    from sidecar.gateway.reply_gate import MAX_HELD_EVENT_BYTES
+    piece = b"data: " + b"x" * 1000
+    results = steps(response_headers(**{"content-type": "text/event-stream"}),
+                    *[response_body(piece) for _ in range(MAX_HELD_EVENT_BYTES // 1000 + 2)])
+    assert results[-1] == (None, True)
+    assert len(results) <= MAX_HELD_EVENT_BYTES // 1000 + 2

@@ -48,6 +48,18 @@ models:
     targets:
       - {{provider: c1, model_ref: c1-model}}
       - {{provider: c2, model_ref: c2-model}}
+  first-event:
+    strategy: failover
+    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
+    targets:
+      - {{provider: o1, model_ref: o1-model}}
+      - {{provider: o2, model_ref: o2-model}}
+  claude-first-event:
+    strategy: failover
+    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
+    targets:
+      - {{provider: c1, model_ref: c1-model}}
+      - {{provider: c2, model_ref: c2-model}}
 """
 
 

@@ -15,11 +15,7 @@ from tests.e2e.wire.conftest import Stack, prompt
 pytestmark = pytest.mark.e2e
 
 
-_NOT_YET = pytest.mark.xfail(strict=True, reason="issue #27.1: chunked replies not read yet")
-
-
-@pytest.mark.parametrize("framing", ["content-length",
-                                     pytest.param("chunked", marks=_NOT_YET)])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_a_json_reply_is_counted_and_priced_whatever_its_framing(fresh: Stack,
                                                                  framing: str) -> None:
     """A chunked reply used to leave the row at 0 tokens and no cost, and the window

@@ -1,0 +1,81 @@
+"""Benchmark: what the reply gate (docs/reply-gate.md) costs, side by side with the path
+without it, in one interleaved run.
+
+  stream               a streaming request in a group that commits at the headers (the
+                       default): the gate's matcher skips it
+  stream_first_event   the same in a group with `fallback.commit_at_first_event: true`: the
+                       sidecar holds the headers until the first event, then steps out
+  json_declared        a JSON reply with a content-length (held by Lua, read by Envoy)
+  json_chunked         the same reply chunked: the gate reads it in the sidecar
+
+For streams the latency is the time to the first event (`--requests` streams of 8 events),
+for JSON the whole reply. CPU is per 1,000 requests, observations on, concurrency 1.
+
+Usage:  .venv/bin/python bench/reply_gate_cost.py [--requests 1000] [--rounds 5] [--output F]
+Loopback only; every process it starts it also stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from mode_runner import TOKEN, compare, publish, run_mode, table
+
+from sidecar.devstack.harness import ProviderThread
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+MODES = {  # mode → (group keys, provider behaviour, streamed)
+    "stream": ("", Behaviour(text="one two three four five six"), True),
+    "stream_first_event": ("fallback: {commit_at_first_event: true}",
+                           Behaviour(text="one two three four five six"), True),
+    "json_declared": ("", Behaviour(), False),
+    "json_chunked": ("", Behaviour(chunked_json=True), False),
+}
+
+
+def load(streamed: bool):
+    async def run(port: int, count: int) -> list[float]:
+        body = {"model": "g", "messages": [{"role": "user", "content": "x" * 900}],
+                "stream": streamed}
+        results = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                                     headers={"authorization": f"Bearer {TOKEN}"}) as client:
+            for _ in range(count):
+                started = time.perf_counter()
+                async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                    assert reply.status_code == 200
+                    first = None
+                    async for _ in reply.aiter_raw():
+                        first = first or time.perf_counter()
+                results.append(((first if streamed else time.perf_counter()) - started)
+                               * 1000)
+        return results
+    return run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    provider = FakeProvider("bench")
+    with ProviderThread([provider]) as providers, tempfile.TemporaryDirectory() as workdir:
+        def one(mode: str) -> dict[str, float]:
+            group, behaviour, streamed = MODES[mode]
+            provider.behaviour = behaviour
+            return run_mode(mode, providers.base_url("bench"), Path(workdir), args.requests,
+                            load(streamed), observations=True, settle_s=0.5, group=group)
+        medians = compare(tuple(MODES), args.rounds, one)
+    title = (f"The reply gate: {args.rounds} interleaved rounds of {args.requests} requests, "
+             "concurrency 1, medians (streams: time to first event)")
+    publish(table(title, medians), args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""What the reply gate decides about a held reply (docs/reply-gate.md), without Envoy types.
+
+Two kinds of reply reach it, told apart by their content type (the gate's matchers in
+envoy_config/reply_gate.py send nothing else):
+
+- a reply of undeclared length that is not an event stream: read once whole (or as much as
+  Envoy's buffer holds) for its usage, then released;
+- an event stream of a group that commits at the first event: held until its first
+  complete event. A data event (or the end of the stream) releases it; an in-band error
+  (Anthropic's `event: error`, an OpenAI chunk with an `error` object) makes the router
+  retry it, under the status the same error would have had as an HTTP reply.
+
+Comments (`: keep-alive`) and Anthropic `ping` events carry no answer, so they do not
+release a stream. What is held is bounded: past `MAX_HELD_EVENT_BYTES` without a complete
+event the stream is released as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sidecar.observe.reply_reading import Facts, json_reply_facts
+
+MAX_HELD_EVENT_BYTES = 64 * 1024
+
+# An in-band error's type → the status its HTTP form has (docs.anthropic.com/en/api/errors,
+# platform.openai.com/docs/guides/error-codes), so that the router retries it as it would
+# the HTTP error, and a last attempt's error is reported as such (429 stays 429, the rest
+# become the gateway's 502). Request errors are the caller's: released, not retried.
+_STATUS_OF_ERROR = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
+                    "rate_limit_exceeded": 429, "requests": 429, "tokens": 429,
+                    "insufficient_quota": 429, "server_error": 500}
+_REQUEST_ERRORS = frozenset({"invalid_request_error", "authentication_error",
+                             "permission_error", "not_found_error", "request_too_large",
+                             "invalid_request", "context_length_exceeded"})
+_DEFAULT_ERROR_STATUS = 502
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Let the reply go on as it is; `facts` go to its usage metadata."""
+
+    facts: Facts = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Make the router retry the attempt: the held reply's status becomes `status`."""
+
+    status: int
+    error_type: str
+
+
+Verdict = Release | Retry | None  # None: hold, and wait for more
+
+
+def is_event_stream(headers: Mapping[str, str]) -> bool:
+    return headers.get("content-type", "").lower().startswith("text/event-stream")
+
+
+class UndeclaredLengthGate:
+    """A JSON (or any non-stream) reply without a declared length."""
+
+    __slots__ = ()
+
+    def body(self, body: bytes, end_of_stream: bool) -> Release:
+        """Envoy sends the body once: whole (`end_of_stream`), or the part its buffer held,
+        after which the rest passes unread (no facts: the usage comes last)."""
+        return Release(json_reply_facts(body) if end_of_stream else {})
+
+
+class FirstEventGate:
+    """An event stream, held until its first event that carries something."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = bytearray()
+
+    def body(self, chunk: bytes, end_of_stream: bool) -> Verdict:
+        self._held += chunk
+        verdict = first_event_verdict(bytes(self._held))
+        if verdict is not None:
+            return verdict
+        if end_of_stream or len(self._held) >= MAX_HELD_EVENT_BYTES:
+            return Release()
+        return None
+
+
+def first_event_verdict(held: bytes) -> Verdict:
+    """The verdict on the held start of a stream, or None while no event that counts is
+    complete."""
+    text = held.replace(b"\r\n", b"\n")
+    while b"\n\n" in text:
+        event, text = text.split(b"\n\n", 1)
+        name, data = _fields(event)
+        if name == "ping" or not data:
+            continue  # a comment, a keep-alive or a ping: nothing to commit to yet
+        return _error_verdict(name, data) or Release()
+    return None
+
+
+def _fields(event: bytes) -> tuple[str, str]:
+    name, data = "", []
+    for line in event.decode("utf-8", "replace").split("\n"):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    return name, "\n".join(data)
+
+
+def _error_verdict(name: str, data: str) -> Retry | None:
+    if name != "error" and '"error"' not in data:
+        return None
+    try:
+        payload = json.loads(data)
+    except (ValueError, RecursionError):
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if name != "error" and not isinstance(error, dict):
+        return None  # an ordinary event that mentions "error" in its text
+    kind = ""
+    if isinstance(error, dict):
+        for key in ("type", "code"):
+            if isinstance(error.get(key), str):
+                kind = error[key]
+                break
+    if kind in _REQUEST_ERRORS:
+        return None
+    return Retry(_STATUS_OF_ERROR.get(kind, _DEFAULT_ERROR_STATUS), kind or "unknown")

@@ -1,0 +1,123 @@
+"""The caller's response starts only once the serving target has proven itself: a reply of
+undeclared length that breaks before its end, and (where the group commits at the first
+event) a stream that errors in-band, fails or is silent before its first event, go to the
+next target (issue #27, observations 5, 6 and 8; docs/reply-gate.md)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from sidecar.devstack.provider_behaviours import behaviour
+from sidecar.devstack.providers import Behaviour
+from tests.e2e.wire.conftest import TOKEN, Stack, prompt
+
+pytestmark = pytest.mark.e2e
+
+
+def served_model(stack: Stack, group: str) -> str:
+    return stack.openai.chat.completions.create(model=group, messages=prompt()).model
+
+
+def test_a_chunked_reply_with_broken_framing_goes_to_the_next_target(fresh: Stack) -> None:
+    """It used to end as a 200 and a connection error, the healthy second target unused."""
+    before = fresh.figures("o1/o1-model")
+    fresh.behave("o1", behaviour("invalid_chunked"))
+    reply = fresh.openai.chat.completions.create(model="chain", messages=prompt())
+    assert reply.model == "o2-model"
+    assert reply.choices[0].message.content.startswith("Hello from o2")
+    assert fresh.new_outcomes("o1/o1-model", before, 1) == {"decode_error": 1}
+
+
+def stream_text(stack: Stack, group: str) -> tuple[str, float]:
+    started = time.monotonic()
+    chunks = stack.openai.chat.completions.create(model=group, messages=prompt(), stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, time.monotonic() - started
+
+
+def test_a_slow_first_token_hands_over_at_the_first_token_deadline(fresh: Stack) -> None:
+    """20 s to the first event at o1 used to be waited for; the group allows 1 s."""
+    before = fresh.figures("o1/o1-model")
+    fresh.behave("o1", behaviour("slow_first_token"))
+    text, took = stream_text(fresh, "first-event")
+    assert text.startswith("Hello from o2")
+    assert 1.0 <= took < 4.0  # a machine four times slower still ends far from 20 s
+    assert fresh.new_outcomes("o1/o1-model", before, 1) == {"upstream_timeout": 1}
+
+
+def test_an_openai_stream_whose_first_chunk_is_an_error_goes_to_the_next_target(
+        fresh: Stack) -> None:
+    before = fresh.figures("o1/o1-model")
+    fresh.behave("o1", behaviour("openai_error_in_stream"))
+    text, _ = stream_text(fresh, "first-event")
+    assert text.startswith("Hello from o2")
+    assert fresh.new_outcomes("o1/o1-model", before, 1) == {"server_error": 1}
+
+
+def test_anthropic_overloaded_in_the_stream_goes_to_the_next_target(fresh: Stack) -> None:
+    before = fresh.figures("c1/c1-model")
+    fresh.behave("c1", behaviour("anthropic_overloaded_in_stream"))
+    with fresh.anthropic.messages.stream(model="claude-first-event", max_tokens=64,
+                                         messages=prompt()) as stream:
+        text = "".join(stream.text_stream)
+    assert text.startswith("Hello from c2")
+    assert fresh.new_outcomes("c1/c1-model", before, 1) == {"server_error": 1}
+
+
+def test_when_every_target_errors_in_band_the_caller_gets_the_gateways_error(
+        fresh: Stack) -> None:
+    for name in ("c1", "c2"):
+        fresh.behave(name, behaviour("anthropic_overloaded_in_stream"))
+    with (pytest.raises(anthropic.APIStatusError) as raised,
+          fresh.anthropic.messages.stream(model="claude-first-event", max_tokens=64,
+                                          messages=prompt()) as stream):
+        list(stream.text_stream)
+    assert raised.value.status_code == 502
+    assert raised.value.body["type"] == "error"
+    assert "attempts: 2" in raised.value.body["error"]["message"]
+
+
+def test_a_group_that_commits_at_the_headers_passes_an_in_band_error_as_sent(
+        fresh: Stack) -> None:
+    """Without the opt-in nothing holds a stream: the caller reads the provider's error."""
+    fresh.behave("c1", behaviour("anthropic_overloaded_in_stream"))
+    with (pytest.raises(anthropic.APIStatusError) as raised,
+          fresh.anthropic.messages.stream(model="claude-chain", max_tokens=64,
+                                          messages=prompt()) as stream):
+        list(stream.text_stream)
+    assert "Overloaded" in str(raised.value)
+    assert fresh.received("c2") == []
+
+
+def test_a_committed_stream_still_arrives_event_by_event(fresh: Stack) -> None:
+    """The gate steps out after the first event: later events flow at the provider's pace
+    (200 ms apart there, 150–400 ms at the caller)."""
+    fresh.behave("o1", Behaviour(inter_event_delay_s=0.2))
+    arrivals = []
+    with httpx.stream("POST", fresh.up.base_url + "/v1/chat/completions", timeout=30,
+                      headers={"authorization": f"Bearer {TOKEN}"},
+                      json={"model": "first-event", "stream": True,
+                            "messages": prompt()}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic())
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert len(gaps) >= 5
+    assert all(0.1 < gap < 0.6 for gap in gaps), gaps
+    assert fresh.admin("/status")["ext_proc_streams"] == 0
+
+
+def test_a_stream_cut_after_its_first_event_is_not_replayed(fresh: Stack) -> None:
+    """After the first event is written there is no fallback (SPEC). (Cut before the gate
+    let the first event go, the attempt is retried like any broken reply.)"""
+    fresh.behave("o1", behaviour("cut_stream"))
+    with pytest.raises(openai.APIConnectionError):
+        stream_text(fresh, "first-event")
+    assert fresh.received("o2") == []
