@@ -53,6 +53,11 @@ CACHE_READ_KEY = "cache_read_tokens"
 CACHE_WRITE_KEY = "cache_write_tokens"
 CACHE_WRITE_INCLUDED_KEY = "cache_write_included_tokens"
 
+# Set on a held provider reply (by the hold's Lua, or the reply gate) that another target
+# may serve although its status is the request's own (a context-length 400): the route's
+# retry policy retries on it. Never reaches the caller (the response allowlist drops it).
+CONTEXT_RETRY_HEADER = "x-sidecar-retry"
+
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).
 SESSION_KEY_HEADER = "x-sidecar-session"

@@ -8,12 +8,13 @@ so that `check-config` reports every problem with its YAML path.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from sidecar.billing import Rates, rates
 from sidecar.config.catalog import BUILTIN_PROVIDERS
@@ -37,6 +38,8 @@ from sidecar.config.service_settings import Limits, Observations, Sessions, Tele
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import target_cluster_name
+
+T = TypeVar("T")
 
 
 class ConfigReferenceError(ValueError):
@@ -160,7 +163,10 @@ class Target(StrictModel):
     # JSON mode / JSON schema output (`response_format`, `text.format`, `output_config`)
     supports_structured_output: bool | None = None
     honors_max_tokens: bool = True
-    context_window: PositiveInt | None = None
+    # Tokens the model holds, prompt and output together: a request whose estimated prompt
+    # plus output cap exceeds it is not sent here (`context_window` is the older name).
+    context_window_tokens: PositiveInt | None = Field(
+        default=None, validation_alias=AliasChoices("context_window_tokens", "context_window"))
     evaluation: Evaluation | None = None
     validation: Validation | None = None
 
@@ -196,6 +202,10 @@ class Fallback(StrictModel):
     per_try_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 300.0
     # The whole request, streams included; unset means `limits.request_timeout_seconds`.
     deadline_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] | None = None
+    # Attempts at the same target after a failure before the next target is tried (within
+    # max_attempts and the deadline): a one-off 500 on the best target costs a retry, not a
+    # dearer or slower answer.
+    retry_same_target: Annotated[NonNegativeInt, bounded(0, 3)] = 0
     # Streams: the caller's response starts only with the target's first complete event, so
     # a target that fails, errors in-band or stays silent before it hands over
     # (docs/reply-gate.md). Costs a short gRPC exchange per stream, hence opt-in.
@@ -217,6 +227,12 @@ class Fallback(StrictModel):
                 and self.first_token_timeout_seconds > self.deadline_seconds):
             raise ValueError("first_token_timeout_seconds must not exceed deadline_seconds")
         return self
+
+    def attempt_order(self, targets: Sequence[T]) -> list[T]:
+        """The attempts a decision's order allows: each target `retry_same_target` more
+        times in a row, `max_attempts` in all."""
+        repeated = [target for target in targets for _ in range(self.retry_same_target + 1)]
+        return repeated[:self.max_attempts]
 
     @property
     def first_event_wait_seconds(self) -> float:

@@ -36,6 +36,9 @@ class Observations(StrictModel):
     flush_interval_ms: Annotated[PositiveInt, bounded(10, 60_000)] = 250
     slice_seconds: Annotated[PositiveInt, bounded(1, 3_600)] = 10
     refresh_ms: Annotated[PositiveInt, bounded(1, 60_000)] = 1000
+    # A provider's 429 that names a wait (`retry-after`, its rate-limit reset headers) keeps
+    # the target out of decisions for that long, at most this; 0 ignores what they say.
+    max_retry_after_seconds: Annotated[float, Field(ge=0.0, le=3_600.0)] = 60.0
 
 
 class Traces(StrictModel):

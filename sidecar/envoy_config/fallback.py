@@ -34,7 +34,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
-from envoy_data_plane.envoy.config.route.v3 import RetryPolicy
+from envoy_data_plane.envoy.config.route.v3 import HeaderMatcher, RetryPolicy
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     HeaderForwardingRules,
@@ -65,6 +65,7 @@ from sidecar.envoy_config.matchers import (
 from sidecar.envoy_contract import (
     CACHE_HEADER,
     CLUSTER_ATTRIBUTE,
+    CONTEXT_RETRY_HEADER,
     EXT_PROC_CLUSTER,
     NO_TARGET_CLUSTER,
     ROUTE_NAMESPACE,
@@ -74,7 +75,7 @@ from sidecar.envoy_contract import (
 # per-try timeouts too; 429 (rate limited) is added, and 401/403: the caller was already
 # authenticated by the sidecar, so a provider refusing the request's credentials refuses
 # the gateway's key for that target. Other 4xx are the request's own fault and go back.
-RETRY_ON = "5xx,reset,connect-failure,retriable-status-codes"
+RETRY_ON = "5xx,reset,connect-failure,retriable-status-codes,retriable-headers"
 RETRIABLE_STATUS_CODES = (401, 403, 429)
 ATTEMPT_HEADER = "x-envoy-attempt-count"
 # Envoy's per-attempt headers; providers get none of them.
@@ -107,6 +108,8 @@ def retry_policy(config: SidecarConfig) -> RetryPolicy:
         retry_on=RETRY_ON,
         num_retries=most - 1,
         retriable_status_codes=list(RETRIABLE_STATUS_CODES),
+        # A held reply another target may serve (a context-length 400: upstream_errors.py).
+        retriable_headers=[HeaderMatcher(name=CONTEXT_RETRY_HEADER, present_match=True)],
         refresh_cluster_on_retry=True,
     )
 

@@ -60,10 +60,13 @@ from sidecar.envoy_config.matchers import negated, skipped_when
 from sidecar.envoy_config.upstream_errors import held_reply_limit, length_within
 from sidecar.envoy_contract import (
     ACCESS_LOG_NAME,
+    ATTEMPT_LOG_NAME,
+    CONTEXT_RETRY_HEADER,
     EXT_PROC_CLUSTER,
     USAGE_KEY,
     USAGE_NAMESPACE,
 )
+from sidecar.observe.rate_limits import RATE_LIMIT_HEADERS
 from sidecar.observe.response_checks import (
     ERROR_TYPE_KEY,
     LOGGED_RESPONSE_HEADERS,
@@ -150,11 +153,15 @@ def usage_filters(max_request_body_bytes: int) -> list[HttpFilter]:
 
 def access_log(flush_interval_ms: int, log_name: str = ACCESS_LOG_NAME) -> AccessLog:
     """The connection manager's log (one entry per request) by default; with
-    `ATTEMPT_LOG_NAME`, the router's per-attempt log."""
+    `ATTEMPT_LOG_NAME`, the router's per-attempt log, which also carries a provider's
+    rate-limit headers (how long it asked not to be called: observe/rate_limits.py)."""
+    logged = [*LOGGED_RESPONSE_HEADERS,
+              *((*RATE_LIMIT_HEADERS, CONTEXT_RETRY_HEADER) if log_name == ATTEMPT_LOG_NAME
+                else ())]
     config = HttpGrpcAccessLogConfig(common_config=CommonGrpcAccessLogConfig(
         log_name=log_name,
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
         transport_api_version=ApiVersion.V3,
         buffer_flush_interval=timedelta(milliseconds=flush_interval_ms),
-    ), additional_response_headers_to_log=list(LOGGED_RESPONSE_HEADERS))
+    ), additional_response_headers_to_log=logged)
     return AccessLog(name="envoy.access_loggers.http_grpc", typed_config=Any.pack(config))

@@ -106,6 +106,7 @@ from sidecar.envoy_config.upstream_errors import (
     final_upstream_errors,
     held_reply_limit,
     hold_bounded_replies,
+    kept_response_headers,
 )
 from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
@@ -333,6 +334,7 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             # Responses pass it last: only allowlisted provider headers reach the caller.
             response_header_filter(config),
             final_upstream_errors(),
+            kept_response_headers(),
             *(usage_filters(limits.max_request_body_bytes) if observe.enabled else []),
             HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(router)),
         ],

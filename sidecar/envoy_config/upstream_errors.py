@@ -31,8 +31,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from envoy_data_plane.envoy.config.core.v3 import DataSource, SubstitutionFormatString
+from envoy_data_plane.envoy.config.core.v3 import (
+    DataSource,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
+    SubstitutionFormatString,
+)
 from envoy_data_plane.envoy.extensions.filters.http.custom_response.v3 import CustomResponse
+from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+    Config as HeaderToMetadata,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+    ConfigKeyValuePair,
+    ConfigRule,
+)
 from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
@@ -61,6 +74,8 @@ from envoy_data_plane.xds.type.matcher.v3 import (
 )
 
 from sidecar.envoy_config.matchers import Predicate, negated, response_header, skipped_when
+from sidecar.envoy_contract import CONTEXT_RETRY_HEADER
+from sidecar.observe.refusals import CONTEXT_LENGTH_PHRASES, SCANNED_BYTES
 
 # Replies held in Envoy until complete: at most this many bytes, and never more than the
 # per-request buffer limit (`limits.max_request_body_bytes`, which Envoy also applies to a
@@ -73,6 +88,10 @@ MAX_HELD_REPLY_BYTES = 8 * 1024 * 1024
 # 1 s, by which every cut reached the caller a second late; 20 ms still lets a caller that
 # closes at once do so first.
 RESET_CLOSE_DELAY = timedelta(milliseconds=20)
+
+# A final 429's `retry-after` reaches the caller (how long the provider asked it to wait).
+KEPT_HEADERS = ("retry-after",)
+KEPT_NAMESPACE = "sidecar.kept"
 
 MESSAGE = ("No target of this model group could serve the request (attempts: "
            "%UPSTREAM_REQUEST_ATTEMPT_COUNT%; last upstream status: {status}). "
@@ -95,9 +114,29 @@ def _message(status_text: str) -> SubstitutionFormatString:
         text_format_source=DataSource(inline_string=MESSAGE.format(status=status_text)))
 
 
-def _policy(name: str, status: int, body: SubstitutionFormatString) -> MatcherOnMatch:
-    policy = LocalResponsePolicy(body_format=body, status_code=status)
+def _policy(name: str, status: int, body: SubstitutionFormatString,
+            kept_headers: tuple[str, ...] = ()) -> MatcherOnMatch:
+    """`kept_headers`: the provider's response headers that the replacement carries on (a
+    429's `retry-after`: the caller should wait as the provider asked)."""
+    kept = [HeaderValueOption(header=HeaderValue(
+                key=name_, value=f"%DYNAMIC_METADATA({KEPT_NAMESPACE}:{name_})%"),
+                              append_action=HeaderValueOptionHeaderAppendAction.
+                              OVERWRITE_IF_EXISTS_OR_ADD, keep_empty_value=False)
+            for name_ in kept_headers]
+    policy = LocalResponsePolicy(body_format=body, status_code=status,
+                                 response_headers_to_add=kept)
     return MatcherOnMatch(action=TypedExtensionConfig(name=name, typed_config=Any.pack(policy)))
+
+
+def kept_response_headers() -> HttpFilter:
+    """Copies the provider headers a replacement keeps into dynamic metadata: the
+    custom-response filter's replacement is a new reply, its formatter no longer sees the
+    provider's headers (measured: `%RESP(retry-after)%` is empty there). Goes after
+    `final_upstream_errors` in the filter list, so a response passes it first."""
+    rules = [ConfigRule(header=name, on_header_present=ConfigKeyValuePair(
+        metadata_namespace=KEPT_NAMESPACE, key=name)) for name in KEPT_HEADERS]
+    return HttpFilter(name="envoy.filters.http.header_to_metadata",
+                      typed_config=Any.pack(HeaderToMetadata(response_rules=rules)))
 
 
 def final_upstream_errors() -> HttpFilter:
@@ -113,7 +152,8 @@ def final_upstream_errors() -> HttpFilter:
     # The formatter only knows the new status; the message names the class it replaced.
     matchers = [
         MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, rate_limited),
-                                       on_match=_policy("rate_limited", 429, _message("429"))),
+                                       on_match=_policy("rate_limited", 429, _message("429"),
+                                                        KEPT_HEADERS)),
         MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, server_error),
                                        on_match=_policy("server_error", 502, _message("5xx"))),
         MatcherMatcherListFieldMatcher(predicate=_all(from_upstream, key_refused),
@@ -152,14 +192,60 @@ def length_within(limit: int) -> Predicate:
 # the script, and with it the response headers, until the body is complete. The matcher
 # around it runs it only for replies of a bounded declared length, so streams (chunked)
 # never start a script.
+#
+# While it holds a reply the script also reads two provider behaviours (sidecar/devstack/
+# provider_behaviours.py names their documents):
+# - a 429 that names its wait only in OpenAI's reset headers (`x-ratelimit-reset-requests`,
+#   durations such as `6m0s`) gets a `retry-after` of the earliest, so the caller of a final
+#   429 and the router's back-off learn it too;
+# - a 400 that refuses the prompt as too long for the model's context window (OpenAI's
+#   `context_length_exceeded`, Anthropic's "prompt is too long", vLLM's "maximum context
+#   length") is marked retriable (CONTEXT_RETRY_HEADER), so the router tries the next
+#   target, which may have a larger window; a last one reaches the caller as sent.
 _HOLD_SCRIPT = """\
+local UNITS = {h = 3600, m = 60, s = 1, ms = 0.001, us = 0.000001}
+
+local function seconds(text)
+  local total, found = 0, false
+  for number, unit in string.gmatch(text, "([%d%.]+)(%a+)") do
+    local scale, value = UNITS[unit], tonumber(number)
+    if scale == nil or value == nil then return nil end
+    total, found = total + value * scale, true
+  end
+  if found then return total end
+  return tonumber(text)
+end
+
+local CONTEXT = {%(phrases)s}
+
 function envoy_on_response(handle)
   local kind = string.lower(handle:headers():get("content-type") or "")
-  if string.find(kind, "text/event-stream", 1, true) == nil then
-    handle:body()
+  if string.find(kind, "text/event-stream", 1, true) ~= nil then return end
+  local body = handle:body()
+  -- A handle taken before body() is out of scope after it: take the headers again.
+  local headers = handle:headers()
+  local status = headers:get(":status")
+  if status == "429" and headers:get("retry-after") == nil then
+    local wait = nil
+    for _, name in ipairs({"x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"}) do
+      local value = headers:get(name)
+      local s = value and seconds(value)
+      if s ~= nil and s >= 0 and (wait == nil or s < wait) then wait = s end
+    end
+    if wait ~= nil then headers:add("retry-after", tostring(math.ceil(wait))) end
+  elseif status == "400" and body ~= nil then
+    local text = string.lower(body:getBytes(0, math.min(body:length(), %(scanned)d)))
+    for _, phrase in ipairs(CONTEXT) do
+      if string.find(text, phrase, 1, true) ~= nil then
+        headers:add("%(header)s", "context_window")
+        return
+      end
+    end
   end
 end
-"""
+""".replace("%(header)s", CONTEXT_RETRY_HEADER).replace(
+    "%(phrases)s", ", ".join(f'"{phrase}"' for phrase in CONTEXT_LENGTH_PHRASES)).replace(
+    "%(scanned)d", str(SCANNED_BYTES))
 
 
 def hold_bounded_replies(limit: int) -> HttpFilter:

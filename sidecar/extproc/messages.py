@@ -186,10 +186,14 @@ def continue_response_headers() -> ext.ProcessingResponse:
     return ext.ProcessingResponse(response_headers=ext.HeadersResponse())
 
 
-def release_body(facts: Mapping[str, float | str]) -> ext.ProcessingResponse:
-    """A held reply goes on unchanged; what the sidecar read of it goes to the usage
-    metadata, where the access log finds it as it finds json_to_metadata's."""
+def release_body(facts: Mapping[str, float | str],
+                 set_headers: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+    """A held reply goes on, its body unchanged; what the sidecar read of it goes to the
+    usage metadata, where the access log finds it as it finds json_to_metadata's; its
+    headers (still held) get `set_headers`."""
     response = ext.ProcessingResponse(response_body=ext.BodyResponse())
+    if set_headers:
+        response.response_body.response.header_mutation.set_headers.extend(_set(set_headers))
     if facts:
         response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
     return response

@@ -32,7 +32,6 @@ from sidecar.gateway.bridging import BridgeAttempt
 from sidecar.gateway.outcome import Ask
 from sidecar.gateway.reply_gate import (
     FirstEventGate,
-    Release,
     Retry,
     UndeclaredLengthGate,
     is_event_stream,
@@ -212,17 +211,19 @@ class ProcessStream:
         stream's headers unanswered until its first event."""
         if message.end_of_stream:
             return messages.continue_response_headers(), True
-        if is_event_stream(messages.header_map(message)):
+        headers = messages.header_map(message)
+        if is_event_stream(headers):
             self._gate = FirstEventGate()
             return None, False
-        self._gate = UndeclaredLengthGate()
+        self._gate = UndeclaredLengthGate(headers)
         return messages.continue_response_headers(), False
 
     def _gated(self, body: ext.HttpBody) -> Step:
-        verdict = self._gate.body(body.body, body.end_of_stream)  # type: ignore[union-attr]
-        if isinstance(self._gate, UndeclaredLengthGate):
-            assert isinstance(verdict, Release)
-            return messages.release_body(verdict.facts), True
+        gate = self._gate
+        if isinstance(gate, UndeclaredLengthGate):
+            release = gate.body(body.body, body.end_of_stream, time.time())
+            return messages.release_body(release.facts, release.set_headers), True
+        verdict = gate.body(body.body, body.end_of_stream)  # type: ignore[union-attr]
         if verdict is None:
             return None, False
         if isinstance(verdict, Retry):

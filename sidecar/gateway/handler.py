@@ -7,6 +7,7 @@ group and carries what routing needs. Every error is a `Reply` in the caller's d
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -224,6 +225,11 @@ class Gateway:
                 pending.request_id, time.time(), pending.caller.name, model, decision,
                 summary, pending.traceparent, cache=cache.outcome if cache else None))
         if isinstance(decision, NoEligibleTarget):
+            if decision.retry_after_s is not None:
+                wait = max(1, math.ceil(decision.retry_after_s))
+                error = ClientError(429, f"{decision.reason} Retry after {wait} s.",
+                                    code="rate_limit_exceeded")
+                return Reply(429, error.render(anthropic), headers=(("retry-after", str(wait)),))
             return _error(ClientError(400, decision.reason, param="model"), anthropic)
 
         if session:
@@ -232,12 +238,12 @@ class Gateway:
         # A Responses request that continues a stored response or conversation lives at one
         # provider: another target has no such id, so it gets no fallback.
         stateful = any(payload.get(key) is not None for key in PROVIDER_STATE_KEYS)
-        allowed = 1 if stateful else group.fallback.max_attempts
         slot = cache.slot if cache is not None else None
         cache_routes = runtime.cache_routes if slot else {}
+        ordered = (decision.ordered[:1] if stateful
+                   else group.fallback.attempt_order(decision.ordered))
         chosen = [cache_routes.get((model, choice.index, pending.dialect))
-                  or routes[(model, choice.index, pending.dialect)]
-                  for choice in decision.ordered[:allowed]]
+                  or routes[(model, choice.index, pending.dialect)] for choice in ordered]
         attempts = tuple(target.cluster for target in chosen)
         route = chosen[0]
         new_body = parsed.model_replaced(route.model_ref)

@@ -18,9 +18,13 @@ event the stream is released as it is.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sidecar.envoy_contract import CONTEXT_RETRY_HEADER
+from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
+from sidecar.observe.refusals import is_context_refusal
 from sidecar.observe.reply_reading import Facts, json_reply_facts
 
 MAX_HELD_EVENT_BYTES = 64 * 1024
@@ -40,9 +44,10 @@ _DEFAULT_ERROR_STATUS = 502
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Let the reply go on as it is; `facts` go to its usage metadata."""
+    """Let the reply go on; `facts` go to its usage metadata, `set_headers` onto it."""
 
     facts: Facts = field(default_factory=dict)
+    set_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +66,30 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
 
 
 class UndeclaredLengthGate:
-    """A JSON (or any non-stream) reply without a declared length."""
+    """A JSON (or any non-stream) reply without a declared length. Like the Lua hold of
+    replies of declared length (envoy_config/upstream_errors.py), it marks a context-length
+    400 retriable and gives a 429 that names its wait only in reset headers a
+    `retry-after`."""
 
-    __slots__ = ()
+    __slots__ = ("_headers", "_status")
 
-    def body(self, body: bytes, end_of_stream: bool) -> Release:
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = headers
+        status = headers.get(":status", "")
+        self._status = int(status) if status.isdigit() else 0
+
+    def body(self, body: bytes, end_of_stream: bool, now: float) -> Release:
         """Envoy sends the body once: whole (`end_of_stream`), or the part its buffer held,
-        after which the rest passes unread (no facts: the usage comes last)."""
-        return Release(json_reply_facts(body) if end_of_stream else {})
+        after which the rest passes unread (no facts: the usage comes last). `now`: wall
+        clock, for reset headers that name a moment."""
+        facts = json_reply_facts(body) if end_of_stream else {}
+        if is_context_refusal(self._status, body):
+            return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+        if self._status == 429 and RETRY_AFTER not in self._headers:
+            wait = requested_wait_s(self._headers, now)
+            if wait is not None:
+                return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),))
+        return Release(facts)
 
 
 class FirstEventGate:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
@@ -21,10 +22,11 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from sidecar.envoy_contract import ATTEMPT_LOG_NAME, USAGE_NAMESPACE
+from sidecar.envoy_contract import ATTEMPT_LOG_NAME, CONTEXT_RETRY_HEADER, USAGE_NAMESPACE
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
+from sidecar.observe.rate_limits import requested_wait_s
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
 from sidecar.observe.store import ObservationStore
@@ -74,6 +76,10 @@ def _numbers(fields: Mapping[str, struct_pb2.Value]) -> dict[str, float]:
     """The numeric figures of the usage metadata (it also holds strings: shapes, errors)."""
     return {key: value.number_value for key, value in fields.items()
             if value.WhichOneof("kind") == "number_value"}
+
+
+# Statuses whose `retry-after` (or a provider's reset headers) says when to call again.
+_ASKS_TO_WAIT = frozenset({429, 503, 529})
 
 
 # Envoy's own failures on a reply the provider sent whole: not the target's doing.
@@ -153,11 +159,15 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
     if target is None:
         return None
     status = entry.response.response_code.value
+    outcome = outcome_of(common.response_flags, status)
+    if outcome is Outcome.CLIENT_ERROR and (
+            CONTEXT_RETRY_HEADER in entry.response.response_headers):
+        outcome = Outcome.CONTEXT_WINDOW  # retried on the next target (upstream_errors.py)
     return Attempt(
         request_id=entry.request.request_id,
         group=groups.get(common.upstream_cluster, ""),
         target=target,
-        outcome=outcome_of(common.response_flags, status),
+        outcome=outcome,
         duration_ms=_ms(common.duration),
     )
 
@@ -189,12 +199,14 @@ class AccessLogReceiver:
 
     def __init__(self, store: ObservationStore, targets: Mapping[str, str],
                  groups: Mapping[str, str] | None = None,
-                 attempt_window_s: float = 3600.0, telemetry: TelemetrySink | None = None
-                 ) -> None:
+                 attempt_window_s: float = 3600.0, telemetry: TelemetrySink | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
         the model group; `attempt_window_s` is the longest a request's attempts can span;
-        `telemetry` receives every request's result and every fallback transition."""
+        `telemetry` receives every request's result and every fallback transition;
+        `wall_clock` reads the rate-limit headers that name a moment."""
         self._store = store
+        self._wall_clock = wall_clock
         self._targets = targets
         self._groups = groups or {}
         self._attempts = AttemptTracker(max_age_s=attempt_window_s)
@@ -230,6 +242,10 @@ class AccessLogReceiver:
         attempt = attempt_of(entry, self._targets, self._groups)
         if attempt is None:
             return
+        if entry.response.response_code.value in _ASKS_TO_WAIT:
+            wait = requested_wait_s(entry.response.response_headers, self._wall_clock())
+            if wait is not None:
+                self._store.rate_limited(attempt.target, wait)
         transition = self._attempts.add(attempt)
         if transition is not None:
             self._store.record(transition.observation())

@@ -55,8 +55,12 @@ class Transition:
     request_id: str = field(default="", compare=False)
 
     def observation(self) -> Observation:
-        return Observation(target=self.from_target, outcome=Outcome(self.error_class),
-                           latency_ms=self.failed_after_ms, failed_over=True)
+        """Against the failed target; a prompt too long for its window is no failure of
+        the target's, so it does not count in its fallback rate."""
+        outcome = Outcome(self.error_class)
+        return Observation(target=self.from_target, outcome=outcome,
+                           latency_ms=self.failed_after_ms,
+                           failed_over=outcome is not Outcome.CONTEXT_WINDOW)
 
     def event(self) -> dict[str, object]:
         failed_after = None if self.failed_after_ms is None else round(self.failed_after_ms, 1)

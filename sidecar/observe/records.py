@@ -22,6 +22,8 @@ class Outcome(StrEnum):
     INVALID_RESPONSE = "invalid_response"  # a 2xx whose body is not what the dialect promises
     #                                        (an error object, HTML, garbage SSE)
     CLIENT_CANCEL = "client_cancel"        # the caller went away first
+    CONTEXT_WINDOW = "context_window"      # a 400 refusing the prompt as too long for the
+    #                                        target's window; another target may take it
 
     @property
     def is_error(self) -> bool:

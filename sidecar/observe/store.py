@@ -27,7 +27,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sidecar.observe.histogram import Histogram
 from sidecar.observe.records import Observation, Outcome
@@ -123,7 +123,8 @@ class WindowSummary:
 
 class ObservationStore:
     def __init__(self, retention_seconds: int = 600, slice_seconds: int = 10,
-                 refresh_seconds: float = 1.0, clock: Clock = time.monotonic) -> None:
+                 refresh_seconds: float = 1.0, clock: Clock = time.monotonic,
+                 max_retry_after_s: float = 60.0) -> None:
         self._slice_seconds = slice_seconds
         self._retention = retention_seconds
         self._ring_size = max(1, math.ceil(retention_seconds / slice_seconds)) + 2
@@ -134,6 +135,9 @@ class ObservationStore:
             OrderedDict())
         self._tallies = 0
         self._since_cache: OrderedDict[int, tuple[float, TargetObservations]] = OrderedDict()
+        # target → when (this clock) its provider may be called again; one entry a target.
+        self._max_retry_after = max_retry_after_s
+        self._cooling: dict[str, float] = {}
 
     @property
     def retention_seconds(self) -> int:
@@ -198,6 +202,30 @@ class ObservationStore:
             self._since_cache.popitem(last=False)
         return figures
 
+    def rate_limited(self, target: str, wait_s: float) -> None:
+        """The provider of `target` asked not to be called for `wait_s` seconds (at most
+        `max_retry_after_s`); a later, longer request extends the wait, a shorter one
+        does not shorten it."""
+        wait = min(wait_s, self._max_retry_after)
+        if wait <= 0:
+            return
+        until = self._clock() + wait
+        if until > self._cooling.get(target, 0.0):
+            self._cooling[target] = until
+
+    def retry_after_s(self, target_key: str) -> float:
+        """`ObservationView.retry_after_s`: exact, from the clock (no read cache)."""
+        if not self._cooling:
+            return 0.0
+        until = self._cooling.get(target_key)
+        if until is None:
+            return 0.0
+        left = until - self._clock()
+        if left <= 0:
+            del self._cooling[target_key]
+            return 0.0
+        return left
+
     def targets(self) -> list[str]:
         return sorted(self._targets)
 
@@ -220,7 +248,8 @@ class ObservationStore:
         observation counts for at least the window and leaves at most one slice later."""
         state = self._targets.get(target)
         if state is None:
-            return WindowSummary(window, TargetObservations(), {})
+            return WindowSummary(window, TargetObservations(
+                retry_after_s=self.retry_after_s(target)), {})
         self._expire(state, now)
         if window >= self._retention:
             counts = state.total
@@ -230,7 +259,11 @@ class ObservationStore:
             for piece in state.ring:
                 if first <= piece.start <= current:
                     counts.merge(piece)
-        return WindowSummary(window, _figures(counts),
+        figures = _figures(counts)
+        waiting = self.retry_after_s(target)
+        if waiting:
+            figures = replace(figures, retry_after_s=waiting)
+        return WindowSummary(window, figures,
                              {outcome.value: n for outcome, n in counts.outcomes.items()})
 
 

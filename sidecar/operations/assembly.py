@@ -86,7 +86,8 @@ def observation_store(config: SidecarConfig) -> ObservationStore:
     settings = config.observations
     return ObservationStore(retention_seconds=config.observation_retention_seconds,
                             slice_seconds=settings.slice_seconds,
-                            refresh_seconds=settings.refresh_ms / 1000)
+                            refresh_seconds=settings.refresh_ms / 1000,
+                            max_retry_after_s=settings.max_retry_after_seconds)
 
 
 def longest_request_s(config: SidecarConfig) -> float:

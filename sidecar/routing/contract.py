@@ -15,8 +15,9 @@ def contract_violation(contract: Contract, target: Target) -> str | None:
         declared = modalities(target)
         if declared is None or not set(contract.require_input_modalities) <= declared:
             return "contract.require_input_modalities"
+    window = target.context_window_tokens
     if contract.min_context_window is not None and (
-            target.context_window is None or target.context_window < contract.min_context_window):
+            window is None or window < contract.min_context_window):
         return "contract.min_context_window"
     if contract.min_eval_quality_score is not None:
         quality = eval_quality(target)

@@ -41,8 +41,12 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class NoEligibleTarget:
-    """No target of the group can serve this request as asked; `reason` is caller-safe."""
+    """No target of the group can serve this request as asked; `reason` is caller-safe.
+    `retry_after_s`: every target that could have served is waiting out its provider's
+    `retry-after`, the earliest ends this many seconds from now (the caller may retry
+    then: a 429, not a 400)."""
 
     group: str
     reason: str
     trace: DecisionTrace
+    retry_after_s: float | None = None

@@ -69,6 +69,15 @@ def honors_max_tokens(request: RequestSummary, target: Target, _: Reach) -> bool
     return request.max_tokens_cap is None or target.honors_max_tokens
 
 
+def context_window_tokens(request: RequestSummary, target: Target, _: Reach) -> bool:
+    """The estimated prompt plus the caller's output cap fits the target's declared
+    window (unknown windows take everything; a provider's own context-length refusal then
+    still falls back: envoy_config/upstream_errors.py)."""
+    window = target.context_window_tokens
+    return window is None or (
+        request.estimated_input_tokens + (request.max_tokens_cap or 0) <= window)
+
+
 def structured_output(request: RequestSummary, target: Target, _: Reach) -> bool:
     """JSON mode or a JSON schema needs a target that declares it (unknown is not enough:
     a target that ignores the format answers free text the caller's parser rejects)."""
@@ -127,10 +136,12 @@ _CALLER_WORDS = (
     "reasoning/thinking needs a target with reasoning support",
     "structured output (JSON mode or a JSON schema) needs a target that declares support",
 )
+CONTEXT_STAGE = "eligibility.context_window_tokens"
 CALLER_WORDS: dict[str, str] = {
-    f"{prefix}.{rule.__name__}": words
-    for (baseline, hard), words in zip(PAIRS, _CALLER_WORDS, strict=True)
-    for prefix, rule in (("eligibility", baseline), ("hard_filters", hard))
+    **{f"{prefix}.{rule.__name__}": words
+       for (baseline, hard), words in zip(PAIRS, _CALLER_WORDS, strict=True)
+       for prefix, rule in (("eligibility", baseline), ("hard_filters", hard))},
+    CONTEXT_STAGE: "the prompt and its output cap do not fit any target's context window",
 }
 
 
@@ -145,4 +156,5 @@ def active_rules(hard_filters: HardFilters | None) -> list[tuple[str, Rule]]:
         else:
             rules.append((f"eligibility.{baseline.__name__}", baseline))
     rules.insert(1, (BRIDGE_STAGE, bridge_translatable))  # right after the API rule
+    rules.append((CONTEXT_STAGE, context_window_tokens))
     return rules

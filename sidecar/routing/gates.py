@@ -1,6 +1,7 @@
 """The stages every strategy shares, in order: scope → request eligibility (or, for
-dynamic_score, its hard filters) → the group's contract → the caller's spend ceiling.
-Each exclusion is recorded in the trace under the config key or rule that made it."""
+dynamic_score, its hard filters) → the group's contract → the caller's spend ceiling →
+the providers' `retry-after`. Each exclusion is recorded in the trace under the config key
+or rule that made it."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from sidecar.dialects.apis import Dialect
 from sidecar.routing.contract import contract_violation
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.eligibility import BRIDGE_STAGE, CALLER_WORDS, Reach, Rule, active_rules
+from sidecar.routing.observations import ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
 from sidecar.routing.trace import DecisionTrace
 
 SPEND_CEILING = "spend_ceiling"
+# A target whose provider answered 429 with a time to wait, during that time
+# (observations.max_retry_after_seconds bounds it).
+PROVIDER_RETRY_AFTER = "provider_retry_after"
 
 _CONTRACT_WORDS = "the group's contract excludes the rest"
 _SPEND_WORDS = "the estimated cost exceeds your spend ceiling"
@@ -88,6 +93,21 @@ def passing_targets(request: RequestSummary, gates: GroupGates,
     return passing
 
 
+def admitted(eligible: list[TargetChoice], observations: ObservationView,
+             trace: DecisionTrace) -> tuple[list[TargetChoice], list[float]]:
+    """The targets whose provider did not ask to wait, and the waits of those that did."""
+    waits: list[float] = []
+    kept: list[TargetChoice] = []
+    for choice in eligible:
+        wait = observations.retry_after_s(choice.label)
+        if wait > 0:
+            waits.append(wait)
+            trace.exclude(choice.label, PROVIDER_RETRY_AFTER)
+        else:
+            kept.append(choice)
+    return kept, waits
+
+
 def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
     """Why nothing is left, in words a caller can act on."""
     reasons: list[str] = []
@@ -96,6 +116,8 @@ def refusal_reason(request: RequestSummary, trace: DecisionTrace) -> str:
             words = _CONTRACT_WORDS
         elif stage == SPEND_CEILING:
             words = _SPEND_WORDS
+        elif stage == PROVIDER_RETRY_AFTER:
+            words = "every target that could serve it is rate limited by its provider"
         elif stage.startswith("script."):
             words = "the group's routing rules exclude the rest"
         elif stage == BRIDGE_STAGE:

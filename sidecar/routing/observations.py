@@ -41,6 +41,8 @@ class TargetObservations:
     # Of the input of `ok` replies that reported usage, the share read from the provider's
     # prompt cache: what `cost_score` expects a request's cache reads to be.
     cache_read_share: float | None = None
+    # Seconds the provider still asked not to be called (`retry-after` on a 429).
+    retry_after_s: float = 0.0
 
     @property
     def work_latency_ms(self) -> float | None:
@@ -69,6 +71,10 @@ class ObservationView(Protocol):
         how a probed target is judged, independent of the window's slice width."""
         ...
 
+    def retry_after_s(self, target_key: str) -> float:
+        """Seconds `target_key`'s provider still asked not to be called (0: none)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ObservationSnapshot:
@@ -85,6 +91,9 @@ class ObservationSnapshot:
     def since(self, target_key: str, tally: object) -> TargetObservations:
         """A snapshot is one moment: nothing comes after it."""
         return NO_OBSERVATIONS
+
+    def retry_after_s(self, target_key: str) -> float:
+        return self.targets.get(target_key, NO_OBSERVATIONS).retry_after_s
 
 
 EMPTY_SNAPSHOT = ObservationSnapshot({})

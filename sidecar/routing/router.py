@@ -17,7 +17,13 @@ from sidecar.config.models import SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
 from sidecar.routing.ejection import Ejections
-from sidecar.routing.gates import GroupGates, group_gates, passing_targets, refusal_reason
+from sidecar.routing.gates import (
+    GroupGates,
+    admitted,
+    group_gates,
+    passing_targets,
+    refusal_reason,
+)
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import (
@@ -56,9 +62,13 @@ class Router:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}
         eligible = passing_targets(request, self._gates[request.group], trace)
-        trace.candidate_count = len(eligible)
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
+        eligible, waits = admitted(eligible, observations, trace)
+        trace.candidate_count = len(eligible)
+        if not eligible:
+            return NoEligibleTarget(request.group, refusal_reason(request, trace), trace,
+                                    retry_after_s=min(waits))
         ordered = self._strategies[request.group].order(
             Context(request, observations, trace, external), eligible)
         if not ordered:  # a script rule required what no eligible target offers

@@ -177,3 +177,14 @@ def test_names_with_a_trailing_newline_are_refused() -> None:
         with pytest.raises(ConfigError):
             load_config_text(f"providers: {{p: {{base_url: 'http://127.0.0.1:9/v1', {bad}}}}}\n"
                              "models: {g: {targets: [{provider: p, model_ref: m}]}}\n")
+
+
+def test_a_first_token_timeout_needs_the_first_event_commit_and_fits_the_deadline() -> None:
+    from sidecar.config.models import Fallback
+    with pytest.raises(ValueError, match="needs commit_at_first_event: true"):
+        Fallback(first_token_timeout_seconds=2)
+    with pytest.raises(ValueError, match="must not exceed deadline_seconds"):
+        Fallback(commit_at_first_event=True, first_token_timeout_seconds=20,
+                 per_try_timeout_seconds=5, deadline_seconds=10)
+    fallback = Fallback(commit_at_first_event=True, per_try_timeout_seconds=7)
+    assert fallback.first_event_wait_seconds == 7

@@ -200,9 +200,11 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
     assert specifier["override_metadata_namespace"] == "sidecar.route"
     assert specifier["priority_groups"][0]["clusters"][0]["cluster_name"] == "sidecar_no_target"
     assert action["retry_policy"] == {
-        "retry_on": "5xx,reset,connect-failure,retriable-status-codes",
+        "retry_on": "5xx,reset,connect-failure,retriable-status-codes,retriable-headers",
         "num_retries": 2,  # the default max_attempts of 3; each request sets its own count
         "retriable_status_codes": [401, 403, 429],
+        # a held context-length 400 another target may serve (upstream_errors.py)
+        "retriable_headers": [{"name": "x-sidecar-retry", "present_match": True}],
         "refresh_cluster_on_retry": True,
     }
     filters = manager["typed_config"]["http_filters"]

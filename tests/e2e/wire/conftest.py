@@ -48,6 +48,38 @@ models:
     targets:
       - {{provider: c1, model_ref: c1-model}}
       - {{provider: c2, model_ref: c2-model}}
+  rl-chain:
+    strategy: failover
+    targets:
+      - {{provider: o1, model_ref: o1-rl}}
+      - {{provider: o2, model_ref: o2-rl}}
+      - {{provider: o3, model_ref: o3-rl}}
+  rl-claude:
+    strategy: failover
+    targets:
+      - {{provider: c1, model_ref: c1-rl}}
+      - {{provider: c2, model_ref: c2-rl}}
+  windows:
+    strategy: failover
+    targets:
+      - {{provider: o1, model_ref: o1-small}}
+      - {{provider: o2, model_ref: o2-large}}
+  claude-windows:
+    strategy: failover
+    targets:
+      - {{provider: c1, model_ref: c1-small}}
+      - {{provider: c2, model_ref: c2-large}}
+  declared-windows:
+    strategy: failover
+    targets:
+      - {{provider: o1, model_ref: o1-small, context_window_tokens: 64}}
+      - {{provider: o2, model_ref: o2-large, context_window_tokens: 200000}}
+  retry-same:
+    strategy: failover
+    fallback: {{retry_same_target: 1}}
+    targets:
+      - {{provider: o1, model_ref: o1-model}}
+      - {{provider: o2, model_ref: o2-model}}
   first-event:
     strategy: failover
     fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
@@ -137,6 +169,9 @@ def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                        log_path=tmp / "up.log")
         with up.running():
             yield Stack(up, providers, db)
+        # Envoy's Lua and ext_proc errors do not fail a request, so they are looked for here.
+        log = (tmp / "up.log").read_text()
+        assert "[lua]" not in log, [line for line in log.splitlines() if "[lua]" in line][:3]
 
 
 @pytest.fixture

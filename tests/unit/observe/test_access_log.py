@@ -123,3 +123,49 @@ def test_a_stream_remembers_which_log_it_carries_and_survives_odd_entries() -> N
     assert summary.outcomes == {"ok": 2, "server_error": 1}
     requests.on_half_close(call)
     assert call.status == 0 and call.sent == [b""]
+
+
+def test_a_429_that_names_a_wait_keeps_its_target_out_for_that_long_and_no_longer() -> None:
+    """Issue #27, observation 3: the per-attempt log's `retry-after` (or a provider's reset
+    headers) reaches the store; a 200 with reset headers (every OpenAI reply has them) does
+    not; the wait is capped at observations.max_retry_after_seconds."""
+    from envoy.service.accesslog.v3 import als_pb2
+
+    from sidecar.envoy_contract import ATTEMPT_LOG_NAME
+    from sidecar.observe.access_log import AccessLogReceiver
+    from sidecar.observe.store import ObservationStore
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    store = ObservationStore(clock=clock, max_retry_after_s=30.0)
+    receiver = AccessLogReceiver(store, TARGETS, {"target__g__0__p": "g"},
+                                 wall_clock=lambda: 1_767_225_600.0)
+
+    def attempt(status: int, **headers: str) -> None:
+        message = als_pb2.StreamAccessLogsMessage()
+        message.identifier.log_name = ATTEMPT_LOG_NAME
+        logged = entry(status)
+        logged.request.request_id = f"r{status}{len(headers)}"
+        for name, value in headers.items():
+            logged.response.response_headers[name] = value
+        message.http_logs.log_entry.append(logged)
+        receiver.receive(message, per_attempt=True)
+
+    attempt(200, **{"x-ratelimit-reset-requests": "5s"})
+    assert store.retry_after_s("p/m") == 0.0
+    attempt(429, **{"retry-after": "2"})
+    assert store.retry_after_s("p/m") == pytest.approx(2.0)
+    clock.now += 1.5
+    assert store.retry_after_s("p/m") == pytest.approx(0.5)
+    assert store.get("p/m", 600).retry_after_s == pytest.approx(0.5)  # the admin view
+    clock.now += 0.5
+    assert store.retry_after_s("p/m") == 0.0
+    attempt(429, **{"anthropic-ratelimit-tokens-reset": "2026-01-01T01:00:00Z"})
+    assert store.retry_after_s("p/m") == pytest.approx(30.0)  # an hour, capped
+    attempt(429)  # no wait named: nothing changes
+    assert store.retry_after_s("p/m") == pytest.approx(30.0)

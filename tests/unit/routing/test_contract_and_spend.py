@@ -100,3 +100,67 @@ def test_nothing_under_the_ceiling_is_a_clear_refusal() -> None:
 """)
     outcome = refuse(cfg, request(spend_ceiling_usd=0.0001))
     assert "the estimated cost exceeds your spend ceiling" in outcome.reason
+
+
+def test_a_target_whose_provider_asked_to_wait_is_left_out_until_then() -> None:
+    """Every strategy: the target is excluded as `provider_retry_after`; when every target
+    waits, the refusal says when the earliest is back (a 429 for the caller)."""
+    from sidecar.routing.decision import Decision, NoEligibleTarget
+    from sidecar.routing.observations import TargetObservations
+    from sidecar.routing.router import Router
+    from tests.unit.routing.helpers import snapshot
+
+    cfg = config("""
+  g:
+    strategy: weighted
+    targets:
+      - {provider: p, model_ref: a, weight: 9}
+      - {provider: p, model_ref: b, weight: 1}
+""")
+    router = Router(cfg)
+    waiting = snapshot(p__a=TargetObservations(retry_after_s=1.5))
+    for _ in range(5):
+        decision = router.decide(request(), waiting)
+        assert isinstance(decision, Decision)
+        assert [c.label for c in decision.ordered] == ["p/b"]
+        assert excluded(decision) == {"p/a": "provider_retry_after"}
+    both = snapshot(p__a=TargetObservations(retry_after_s=1.5),
+                    p__b=TargetObservations(retry_after_s=0.4))
+    refusal = router.decide(request(), both)
+    assert isinstance(refusal, NoEligibleTarget)
+    assert refusal.retry_after_s == pytest.approx(0.4)
+    assert "rate limited by its provider" in refusal.reason
+
+
+def test_a_request_that_cannot_fit_a_declared_context_window_is_not_sent_there() -> None:
+    """`context_window_tokens` (or its older name `context_window`): estimated prompt (4
+    characters a token) plus the output cap; unknown windows take everything."""
+    cfg = config("""
+  g:
+    strategy: failover
+    targets:
+      - {provider: p, model_ref: small, context_window_tokens: 1000}
+      - {provider: p, model_ref: old-name, context_window: 1000}
+      - {provider: p, model_ref: unknown}
+""")
+    fits = decide(cfg, request(prompt_chars=3000, max_tokens_cap=200))
+    assert [c.label for c in fits.ordered] == ["p/small", "p/old-name", "p/unknown"]
+    over = decide(cfg, request(prompt_chars=3000, max_tokens_cap=300))
+    assert [c.label for c in over.ordered] == ["p/unknown"]
+    assert excluded(over) == {"p/small": "eligibility.context_window_tokens",
+                              "p/old-name": "eligibility.context_window_tokens"}
+    only_small = config("""
+  g:
+    targets: [{provider: p, model_ref: small, context_window_tokens: 10}]
+""")
+    assert "do not fit any target's context window" in refuse(
+        only_small, request(prompt_chars=400)).reason
+
+
+def test_retry_same_target_repeats_each_target_within_max_attempts() -> None:
+    from sidecar.config.models import Fallback
+    assert Fallback().attempt_order("abc") == ["a", "b", "c"]
+    assert Fallback(retry_same_target=1).attempt_order("abc") == ["a", "a", "b"]
+    assert Fallback(retry_same_target=1, max_attempts=5).attempt_order("abc") == [
+        "a", "a", "b", "b", "c"]
+    assert Fallback(retry_same_target=2, max_attempts=1).attempt_order("ab") == ["a"]

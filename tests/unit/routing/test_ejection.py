@@ -60,6 +60,9 @@ class View:
         errors = sum(o.count * o.error_rate for o in after)
         return TargetObservations(count=count, error_rate=errors / count if count else 0.0)
 
+    def retry_after_s(self, label: str) -> float:
+        return 0.0
+
 
 def setup() -> tuple[Router, Clock, View]:
     clock = Clock()

@@ -1,0 +1,71 @@
+"""Context windows (issue #27, observation 7): a target that declares
+`context_window_tokens` is not sent a request that cannot fit, and a provider's
+context-length 400, in any provider's shape and framing, goes to the next target before the
+caller sees it; when every target refuses, the caller gets the provider's 400."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from sidecar.devstack.provider_behaviours import behaviour
+from tests.e2e.wire.conftest import Stack, prompt
+
+pytestmark = pytest.mark.e2e
+
+LONG = [{"role": "user", "content": "word " * 200}]  # ~1,000 bytes: over the fakes' 64
+
+
+@pytest.mark.parametrize("name", ["openai_context_length", "vllm_context_length"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_context_length_refusal_goes_to_the_next_target(fresh: Stack, name: str,
+                                                          chunked: bool) -> None:
+    refusal = behaviour(name)
+    refusal.chunked_json = chunked
+    fresh.behave("o1", refusal)
+    before = fresh.figures("o1/o1-small")
+    reply = fresh.openai.chat.completions.create(model="windows", messages=LONG, max_tokens=8)
+    assert reply.model == "o2-large"
+    assert len(fresh.received("o1")) == 1
+    short = fresh.openai.chat.completions.create(model="windows", messages=prompt(),
+                                                 max_tokens=8)
+    assert short.model == "o1-small"
+    # The refusal is not the target's failure: no error, no fallback charged to it.
+    outcomes = fresh.new_outcomes("o1/o1-small", before, 2)
+    assert outcomes == {"context_window": 1, "ok": 1}
+    figures = fresh.figures("o1/o1-small")
+    assert figures["error_rate"] == 0 and figures["fallback_rate"] == 0
+
+
+def test_an_anthropic_prompt_too_long_goes_to_the_next_target(fresh: Stack) -> None:
+    fresh.behave("c1", behaviour("anthropic_context_length"))
+    reply = fresh.anthropic.messages.create(model="claude-windows", max_tokens=8,
+                                            messages=LONG)
+    assert reply.model == "c2-large"
+
+
+def test_when_no_target_can_hold_the_prompt_the_caller_gets_the_providers_400(
+        fresh: Stack) -> None:
+    for name in ("o1", "o2"):
+        fresh.behave(name, behaviour("openai_context_length"))
+    with pytest.raises(openai.BadRequestError) as raised:
+        fresh.openai.chat.completions.create(model="windows", messages=LONG, max_tokens=8)
+    assert raised.value.code == "context_length_exceeded"
+    assert "x-sidecar-retry" not in raised.value.response.headers
+    for name in ("c1", "c2"):
+        fresh.behave(name, behaviour("anthropic_context_length"))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        fresh.anthropic.messages.create(model="claude-windows", max_tokens=8, messages=LONG)
+    assert "prompt is too long" in caught.value.message
+
+
+def test_a_declared_window_keeps_a_request_that_cannot_fit_away(fresh: Stack) -> None:
+    fresh.behave("o1", behaviour("openai_context_length"))  # it would refuse, were it asked
+    reply = fresh.openai.chat.completions.create(model="declared-windows", messages=LONG,
+                                                 max_tokens=8)
+    assert reply.model == "o2-large"
+    assert fresh.received("o1") == []
+    fits = fresh.openai.chat.completions.create(model="declared-windows", messages=prompt(),
+                                                max_tokens=8)
+    assert fits.model == "o1-small"
