@@ -11,7 +11,9 @@ are already in the right shape and are left alone; that is done with a CEL filte
 The dialect follows the sidecar's rule (gateway/handler.py): the path first (`…/messages`
 is Anthropic, `…/chat/completions` and `…/responses` OpenAI, a `#fragment` ignored), then
 the `anthropic-version` header, then OpenAI. After routing the path is the provider's
-(base path + the same endpoint), so the rule still holds.
+(base path + the same endpoint), so the rule still holds — except in groups with bridges,
+where the target's endpoint may be another API's: there the caller's API marker
+(`x-sidecar-caller-api`, set by the decision) decides.
 
 Envoy's HTTP/1 codec refuses some requests before the connection manager has any header
 (oversized or invalid headers, an invalid request line, HTTP/1.0, an unknown transfer
@@ -40,8 +42,8 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 )
 from envoy_data_plane.google.protobuf import Any, Struct
 
-from sidecar.dialects.apis import CALLER_PATHS
-from sidecar.envoy_contract import SIDECAR_REPLY_DETAILS
+from sidecar.dialects.apis import CALLER_PATHS, Dialect
+from sidecar.envoy_contract import CALLER_API_HEADER, SIDECAR_REPLY_DETAILS
 
 SIDECAR_UNAVAILABLE = "The routing sidecar is unavailable or too slow; try again shortly."
 # Codec refusals: Envoy's status text ("Bad Request") and its details ("http1.invalid_url").
@@ -74,8 +76,14 @@ EMPTY_BODY_REFUSALS = (
 # CEL `request.url_path` is the path without the query, but with any #fragment.
 _ANTHROPIC_PATH = "request.url_path.matches('^[^#]*/messages(#|$)')"
 _OPENAI_PATH = "request.url_path.matches('^[^#]*/(chat/completions|responses)(#|$)')"
-_ANTHROPIC = (f"({_ANTHROPIC_PATH} || "
-              f"(!{_OPENAI_PATH} && 'anthropic-version' in request.headers))")
+_BY_PATH = (f"({_ANTHROPIC_PATH} || "
+            f"(!{_OPENAI_PATH} && 'anthropic-version' in request.headers))")
+# In a group with bridges the path after routing is the *target's* (an OpenAI caller's
+# request to an Anthropic target ends in /messages); the caller's API marker, which the
+# router-level decision sets there, says whose dialect the caller reads.
+_ANTHROPIC = (f"('{CALLER_API_HEADER}' in request.headers ? "
+              f"request.headers['{CALLER_API_HEADER}'] == '{Dialect.ANTHROPIC_MESSAGES.value}' "
+              f": {_BY_PATH})")
 # An HTTP/1 codec error before the headers were complete: the stream has no header at all.
 _UNPARSED = "size(request.headers) == 0"
 _NOT_SIDECAR = f'response.code_details != "{SIDECAR_REPLY_DETAILS}"'

@@ -18,7 +18,7 @@ import anthropic
 import openai
 import pytest
 
-from sidecar.devstack.harness import ProviderThread, UpProcess
+from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
 from tests.e2e.observing import Observing
 
@@ -80,6 +80,22 @@ models:
     targets:
       - {{provider: o1, model_ref: o1-model}}
       - {{provider: o2, model_ref: o2-model}}
+  bridged-claude:
+    strategy: failover
+    bridges: true
+    targets:
+      - {{provider: c1, model_ref: c1-bridged}}
+      - {{provider: c2, model_ref: c2-bridged}}
+  bridged-openai:
+    strategy: failover
+    bridges: true
+    targets:
+      - {{provider: o1, model_ref: o1-bridged}}
+      - {{provider: o2, model_ref: o2-bridged}}
+  bridged-dead:
+    bridges: true
+    targets:
+      - {{provider: dead, model_ref: nowhere}}
   first-event:
     strategy: failover
     fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
@@ -96,7 +112,8 @@ models:
 
 
 def config_text(providers: ProviderThread, db: Path) -> str:
-    lines = ["providers:"]
+    lines = ["providers:", f"  dead: {{base_url: 'http://127.0.0.1:{free_port()}/v1', "
+                           "credential: null, dialects: [anthropic_messages]}"]
     for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS:
         dialect = "anthropic_messages" if name in ANTHROPIC_PROVIDERS else "openai_chat"
         lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "
@@ -175,5 +192,12 @@ def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def fresh(wire: Stack) -> Stack:
-    return reset(wire)
+def fresh(wire: Stack) -> Iterator[Stack]:
+    """The stack with every provider healthy; afterwards, every target a provider asked to
+    wait (a 429's `retry-after`) admitted again, so the next test starts clean."""
+    yield reset(wire)
+    deadline = time.monotonic() + 10
+    while any(figures.get("retry_after_s", 0) > 0
+              for figures in wire.admin("/observations")["targets"].values()):
+        assert time.monotonic() < deadline, "a target still waits after 10 s"
+        time.sleep(0.05)

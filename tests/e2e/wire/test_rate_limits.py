@@ -6,7 +6,6 @@ target once on a transient failure before it falls back."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import anthropic
 import openai
@@ -17,20 +16,6 @@ from sidecar.devstack.providers import Behaviour
 from tests.e2e.wire.conftest import Stack, prompt
 
 pytestmark = pytest.mark.e2e
-
-RATE_LIMITED_TARGETS = ("o1/o1-rl", "o2/o2-rl", "o3/o3-rl", "c1/c1-rl", "c2/c2-rl")
-
-
-@pytest.fixture
-def limited(fresh: Stack) -> Iterator[Stack]:
-    """`fresh`, and afterwards every target these tests rate-limit admitted again (their
-    own model refs: the waits are per target, and the stack is shared)."""
-    yield fresh
-    deadline = time.monotonic() + 10
-    while any(fresh.figures(t).get("retry_after_s", 0) > 0 for t in RATE_LIMITED_TARGETS):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
 
 def waiting(stack: Stack, target: str, timeout: float = 5.0) -> float:
     """The target's remaining wait once the attempt log has brought it (admin view)."""
@@ -43,60 +28,60 @@ def waiting(stack: Stack, target: str, timeout: float = 5.0) -> float:
 
 
 @pytest.mark.parametrize("name", ["openai_retry_after", "openai_rate_limited"])
-def test_a_rate_limited_target_is_left_out_until_its_provider_says(limited: Stack,
+def test_a_rate_limited_target_is_left_out_until_its_provider_says(fresh: Stack,
                                                                    name: str) -> None:
     """It used to be tried again by the very next decision."""
-    limited.behave("o1", behaviour(name))
-    first = limited.openai.chat.completions.create(model="rl-chain", messages=prompt())
+    fresh.behave("o1", behaviour(name))
+    first = fresh.openai.chat.completions.create(model="rl-chain", messages=prompt())
     assert first.model == "o2-rl"
-    assert 0 < waiting(limited, "o1/o1-rl") <= 2.0
-    limited.behave("o1", Behaviour())  # healthy again, but it asked for two seconds
+    assert 0 < waiting(fresh, "o1/o1-rl") <= 2.0
+    fresh.behave("o1", Behaviour())  # healthy again, but it asked for two seconds
     for _ in range(3):
-        assert limited.openai.chat.completions.create(
+        assert fresh.openai.chat.completions.create(
             model="rl-chain", messages=prompt()).model == "o2-rl"
-    assert len(limited.received("o1")) == 1
+    assert len(fresh.received("o1")) == 1
     deadline = time.monotonic() + 5
-    while limited.figures("o1/o1-rl").get("retry_after_s", 0) > 0:
+    while fresh.figures("o1/o1-rl").get("retry_after_s", 0) > 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert limited.openai.chat.completions.create(
+    assert fresh.openai.chat.completions.create(
         model="rl-chain", messages=prompt()).model == "o1-rl"
 
 
-def test_the_final_429_carries_the_providers_retry_after(limited: Stack) -> None:
+def test_the_final_429_carries_the_providers_retry_after(fresh: Stack) -> None:
     for name in ("c1", "c2"):
-        limited.behave(name, behaviour("anthropic_rate_limited"))
+        fresh.behave(name, behaviour("anthropic_rate_limited"))
     with pytest.raises(anthropic.RateLimitError) as raised:
-        limited.anthropic.messages.create(model="rl-claude", max_tokens=16,
+        fresh.anthropic.messages.create(model="rl-claude", max_tokens=16,
                                         messages=prompt())
     assert raised.value.response.headers.get("retry-after") == "2"
     assert raised.value.body["error"]["type"] == "rate_limit_error"
 
 
 def test_a_final_429_that_names_only_openais_reset_times_gets_a_retry_after(
-        limited: Stack) -> None:
+        fresh: Stack) -> None:
     """OpenAI says when its windows reset (`x-ratelimit-reset-requests: 2s`,
     `...-tokens: 1s`), not `retry-after`: the caller gets the earliest as `retry-after`."""
     for name in ("o1", "o2", "o3"):
-        limited.behave(name, behaviour("openai_rate_limited"))
+        fresh.behave(name, behaviour("openai_rate_limited"))
     with pytest.raises(openai.RateLimitError) as raised:
-        limited.openai.chat.completions.create(model="rl-chain", messages=prompt())
+        fresh.openai.chat.completions.create(model="rl-chain", messages=prompt())
     assert raised.value.response.headers.get("retry-after") == "1"
     assert raised.value.type == "rate_limit_exceeded"
 
 
 def test_when_every_target_waits_the_gateway_answers_429_with_the_earliest_return(
-        limited: Stack) -> None:
+        fresh: Stack) -> None:
     for name in ("o1", "o2", "o3"):
-        limited.behave(name, behaviour("openai_retry_after"))
+        fresh.behave(name, behaviour("openai_retry_after"))
     with pytest.raises(openai.RateLimitError):
-        limited.openai.chat.completions.create(model="rl-chain", messages=prompt())
+        fresh.openai.chat.completions.create(model="rl-chain", messages=prompt())
     for target in ("o1/o1-rl", "o2/o2-rl", "o3/o3-rl"):
-        assert waiting(limited, target) > 0
-    received = sum(len(limited.received(name)) for name in ("o1", "o2", "o3"))
+        assert waiting(fresh, target) > 0
+    received = sum(len(fresh.received(name)) for name in ("o1", "o2", "o3"))
     with pytest.raises(openai.RateLimitError) as raised:
-        limited.openai.chat.completions.create(model="rl-chain", messages=prompt())
-    assert sum(len(limited.received(name)) for name in ("o1", "o2", "o3")) == received
+        fresh.openai.chat.completions.create(model="rl-chain", messages=prompt())
+    assert sum(len(fresh.received(name)) for name in ("o1", "o2", "o3")) == received
     assert raised.value.response.headers["retry-after"] in ("1", "2")
     assert "rate limited by its provider" in raised.value.message
 
