@@ -58,6 +58,11 @@ CACHE_WRITE_INCLUDED_KEY = "cache_write_included_tokens"
 # retry policy retries on it. Never reaches the caller (the response allowlist drops it).
 CONTEXT_RETRY_HEADER = "x-sidecar-retry"
 
+# Set by the decision for groups whose route settings differ from the default (a stream idle
+# timeout, a wait for a 429's retry-after): Envoy picks that class's route by it. Removed by
+# the route configuration before the request leaves Envoy.
+ROUTE_CLASS_HEADER = "x-sidecar-route-class"
+
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).
 SESSION_KEY_HEADER = "x-sidecar-session"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -40,6 +41,20 @@ from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import target_cluster_name
 
 T = TypeVar("T")
+
+# Envoy's own default stream idle timeout (5 minutes).
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, order=True)
+class RouteClass:
+    """The route settings a group needs: groups that need the same share one route."""
+
+    idle_timeout_s: float
+    rate_limit_wait_s: float
+
+
+DEFAULT_ROUTE_CLASS = RouteClass(DEFAULT_IDLE_TIMEOUT_S, 0.0)
 
 
 class ConfigReferenceError(ValueError):
@@ -206,6 +221,13 @@ class Fallback(StrictModel):
     # max_attempts and the deadline): a one-off 500 on the best target costs a retry, not a
     # dearer or slower answer.
     retry_same_target: Annotated[NonNegativeInt, bounded(0, 3)] = 0
+    # With retry_same_target: a provider's 429 whose `retry-after` is at most this is waited
+    # out before the same target is tried again (0: retry after Envoy's short back-off).
+    wait_for_retry_after_seconds: Annotated[NonNegativeFloat, bounded(0, 300)] = 0.0
+    # How long a request may go without a byte either way (a stalled stream is cut then);
+    # unset: 300 s, or per_try_timeout_seconds when longer (a non-streaming completion sends
+    # nothing until it is done).
+    stream_idle_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] | None = None
     # Streams: the caller's response starts only with the target's first complete event, so
     # a target that fails, errors in-band or stays silent before it hands over
     # (docs/reply-gate.md). Costs a short gRPC exchange per stream, hence opt-in.
@@ -226,7 +248,22 @@ class Fallback(StrictModel):
         if (self.first_token_timeout_seconds is not None and self.deadline_seconds is not None
                 and self.first_token_timeout_seconds > self.deadline_seconds):
             raise ValueError("first_token_timeout_seconds must not exceed deadline_seconds")
+        if self.wait_for_retry_after_seconds and not self.retry_same_target:
+            raise ValueError("wait_for_retry_after_seconds needs retry_same_target of 1 or "
+                             "more (the wait is before trying the same target again)")
         return self
+
+    @property
+    def idle_timeout_seconds(self) -> float:
+        """`stream_idle_timeout_seconds`, resolved."""
+        return self.stream_idle_timeout_seconds or max(DEFAULT_IDLE_TIMEOUT_S,
+                                                       self.per_try_timeout_seconds)
+
+    @property
+    def route_class(self) -> RouteClass:
+        """What the group needs of Envoy's route (the route's retry back-off and idle
+        timeout cannot be set per request)."""
+        return RouteClass(self.idle_timeout_seconds, self.wait_for_retry_after_seconds)
 
     def attempt_order(self, targets: Sequence[T]) -> list[T]:
         """The attempts a decision's order allows: each target `retry_same_target` more
@@ -431,6 +468,17 @@ class SidecarConfig(StrictModel):
         windows = [g.dynamic_score.observation_window_seconds for g in self.models.values()
                    if g.strategy == "dynamic_score"]
         return max(windows, default=600)
+
+    @cached_property
+    def route_classes(self) -> dict[RouteClass, str]:
+        """Each route class the groups need, by the name its route matches on; the default
+        class is the catch-all route and has the name "" (docs/fallback-and-streaming.md)."""
+        needed = sorted({group.fallback.route_class for group in self.models.values()}
+                        - {DEFAULT_ROUTE_CLASS})
+        return {DEFAULT_ROUTE_CLASS: "", **{c: f"c{n}" for n, c in enumerate(needed, 1)}}
+
+    def route_class_name(self, group: str) -> str:
+        return self.route_classes[self.models[group].fallback.route_class]
 
     def deadline_seconds(self, group: ModelGroup) -> float:
         """How long all of a request's attempts together may take in `group`."""

@@ -34,7 +34,13 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
-from envoy_data_plane.envoy.config.route.v3 import HeaderMatcher, RetryPolicy
+from envoy_data_plane.envoy.config.route.v3 import (
+    HeaderMatcher,
+    RetryPolicy,
+    RetryPolicyRateLimitedRetryBackOff,
+    RetryPolicyResetHeader,
+    RetryPolicyResetHeaderFormat,
+)
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     HeaderForwardingRules,
@@ -99,12 +105,19 @@ def target_circuit_breakers() -> CircuitBreakers:
         max_requests=MAX_IN_FLIGHT, max_retries=MAX_IN_FLIGHT)])
 
 
-def retry_policy(config: SidecarConfig) -> RetryPolicy:
+def retry_policy(config: SidecarConfig, rate_limit_wait_s: float = 0.0) -> RetryPolicy:
     """Every request sets its own number of retries (`x-envoy-max-retries`: the decision's
     fallbacks within the group's `max_attempts`), which replaces `num_retries`; the value
-    here only applies to a request that somehow has none."""
+    here only applies to a request that somehow has none. `rate_limit_wait_s`: after a 429
+    whose `retry-after` is at most this, the next attempt (the same target, for groups
+    with `retry_same_target`) waits that long instead of Envoy's short back-off."""
     most = max(group.fallback.max_attempts for group in config.models.values())
+    waits = RetryPolicyRateLimitedRetryBackOff(
+        reset_headers=[RetryPolicyResetHeader(name="retry-after",
+                                              format=RetryPolicyResetHeaderFormat.SECONDS)],
+        max_interval=timedelta(seconds=rate_limit_wait_s)) if rate_limit_wait_s else None
     return RetryPolicy(
+        rate_limited_retry_back_off=waits,
         retry_on=RETRY_ON,
         num_retries=most - 1,
         retriable_status_codes=list(RETRIABLE_STATUS_CODES),

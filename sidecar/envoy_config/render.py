@@ -48,6 +48,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.overload.v3 import OverloadManager, ResourceMonitor
 from envoy_data_plane.envoy.config.route.v3 import (
+    HeaderMatcher,
     Route,
     RouteAction,
     RouteConfiguration,
@@ -84,7 +85,13 @@ from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any
 
 from sidecar.bridge.registry import processed_routes
-from sidecar.config.models import Provider, SidecarConfig, Target
+from sidecar.config.models import (
+    DEFAULT_ROUTE_CLASS,
+    Provider,
+    RouteClass,
+    SidecarConfig,
+    Target,
+)
 from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
 from sidecar.envoy_config.bridges import bridge_filters
 from sidecar.envoy_config.channel import CHANNEL_TOKEN_PLACEHOLDER, add_channel_token
@@ -111,6 +118,7 @@ from sidecar.envoy_config.upstream_errors import (
 from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     EXT_PROC_CLUSTER,
+    ROUTE_CLASS_HEADER,
     ROUTE_NAMESPACE,
     SESSION_KEY_HEADER,
     bridge_cluster_name,
@@ -291,16 +299,9 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[ROUTE_NAMESPACE])),
     )
-    route = Route(
-        match=RouteMatch(prefix="/"),
-        route=RouteAction(
-            timeout=timedelta(seconds=limits.request_timeout_seconds),
-            auto_host_rewrite=True,
-            retry_policy=retry_policy(config),
-        ),
-        # Also the retry buffer: a retry resends the buffered body.
-        request_body_buffer_limit=limits.max_request_body_bytes,
-    )
+    routes = [_route(config, route_class, name)
+              for route_class, name in config.route_classes.items() if name]
+    routes.append(_route(config, DEFAULT_ROUTE_CLASS, ""))
     # Every attempt is logged too, so failures before a fallback reach the observations.
     router = Router(upstream_log=[access_log(observe.flush_interval_ms, ATTEMPT_LOG_NAME)]
                     if observe.enabled else [],
@@ -321,13 +322,13 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         route_config=RouteConfiguration(
             name="model_groups",
             virtual_hosts=[VirtualHost(
-                name="model_groups", domains=["*"], routes=[route],
+                name="model_groups", domains=["*"], routes=routes,
                 # x-envoy-attempt-count tells the per-attempt hook a retry from a first try.
                 include_request_attempt_count=True)],
             # The caller's address (Envoy adds it as the edge): providers learn nothing
             # about who called. (The sidecar drops it too, with every header not on the
             # allowlist; this keeps it out even of requests the sidecar never saw.)
-            request_headers_to_remove=list(CLIENT_ADDRESS_HEADERS),
+            request_headers_to_remove=[*CLIENT_ADDRESS_HEADERS, ROUTE_CLASS_HEADER],
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
@@ -353,6 +354,26 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
                 ]
             )
         ],
+    )
+
+
+def _route(config: SidecarConfig, route_class: RouteClass, name: str) -> Route:
+    """The route of one route class: the catch-all (`name` "") or the one the decision
+    picks with ROUTE_CLASS_HEADER. The idle timeout and the rate-limited retry back-off
+    are route settings Envoy takes from no request header."""
+    limits = config.limits
+    return Route(
+        match=RouteMatch(prefix="/", headers=[HeaderMatcher(
+            name=ROUTE_CLASS_HEADER, string_match=StringMatcher(exact=name))]
+            if name else []),
+        route=RouteAction(
+            timeout=timedelta(seconds=limits.request_timeout_seconds),
+            idle_timeout=timedelta(seconds=route_class.idle_timeout_s),
+            auto_host_rewrite=True,
+            retry_policy=retry_policy(config, route_class.rate_limit_wait_s),
+        ),
+        # Also the retry buffer: a retry resends the buffered body.
+        request_body_buffer_limit=limits.max_request_body_bytes,
     )
 
 

@@ -18,7 +18,7 @@ from sidecar.bridge.registry import Translator, processed_routes
 from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import bridge_cluster_name, target_cluster_name
+from sidecar.envoy_contract import ROUTE_CLASS_HEADER, bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import credential_headers, forwarded_request_headers
 from sidecar.routing.router import Router
 
@@ -59,12 +59,16 @@ def _ms(seconds: float) -> str:
 
 def attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str, str], ...]:
     """The group's time bounds as Envoy router headers (the route is shared by all groups):
-    the per-attempt timeout to response headers, and the deadline of the whole request."""
+    the per-attempt timeout to response headers, and the deadline of the whole request;
+    and the group's route class, where it needs one (a stream idle timeout or a wait for
+    a 429's retry-after: settings of Envoy's route, not of a request)."""
     fallback = config.models[group].fallback
     deadline = config.deadline_seconds(config.models[group])
+    route_class = config.route_class_name(group)
     return (
         (PER_TRY_TIMEOUT_HEADER, _ms(fallback.per_try_timeout_seconds)),
         ("x-envoy-upstream-rq-timeout-ms", _ms(deadline)),
+        *(((ROUTE_CLASS_HEADER, route_class),) if route_class else ()),
     )
 
 

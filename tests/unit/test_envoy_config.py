@@ -394,3 +394,32 @@ first:
     assert first["send_body_without_waiting_for_header_response"] is True
     assert first["message_timeout"] == "3.500s"
     assert first["failure_mode_allow"] is True
+
+
+def test_groups_with_their_own_route_settings_get_a_route_class_the_rest_share_one() -> None:
+    """docs/fallback-and-streaming.md, "Route classes": the idle timeout and the rate-limited
+    retry back-off are route settings; one route per distinct setting, matched on the class
+    header the decision sets, and the catch-all last."""
+    groups = """\
+idle: {targets: [{provider: openai, model_ref: m}], fallback: {stream_idle_timeout_seconds: 2}}
+idle-too: {targets: [{provider: openai, model_ref: n}],
+           fallback: {stream_idle_timeout_seconds: 2}}
+wait: {targets: [{provider: openai, model_ref: m}],
+       fallback: {retry_same_target: 1, wait_for_retry_after_seconds: 4}}
+"""
+    config = load_config_text((FIXTURES / "spec_sample.yaml").read_text()
+                              + textwrap.indent(groups, "  "))
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    manager = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    route_config = manager["typed_config"]["route_config"]
+    routes = route_config["virtual_hosts"][0]["routes"]
+    assert [r["match"].get("headers", [{}])[0].get("string_match") for r in routes] == [
+        {"exact": "c1"}, {"exact": "c2"}, None]
+    assert [r["route"]["idle_timeout"] for r in routes] == ["2s", "300s", "300s"]
+    waits = [r["route"]["retry_policy"].get("rate_limited_retry_back_off") for r in routes]
+    assert waits == [None, {"reset_headers": [{"name": "retry-after"}], "max_interval": "4s"},
+                     None]
+    assert all("inline_cluster_specifier_plugin" in r["route"] for r in routes)
+    assert "x-sidecar-route-class" in route_config["request_headers_to_remove"]
+    assert config.route_class_name("idle") == config.route_class_name("idle-too") == "c1"
+    assert config.route_class_name("adaptive-agent") == ""

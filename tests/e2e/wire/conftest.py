@@ -96,6 +96,18 @@ models:
     bridges: true
     targets:
       - {{provider: dead, model_ref: nowhere}}
+  idle-cut:
+    strategy: failover
+    fallback: {{stream_idle_timeout_seconds: 1.0}}
+    targets:
+      - {{provider: o1, model_ref: o1-model}}
+      - {{provider: o2, model_ref: o2-model}}
+  wait-same:
+    strategy: failover
+    fallback: {{retry_same_target: 1, wait_for_retry_after_seconds: 5}}
+    targets:
+      - {{provider: o1, model_ref: o1-wait}}
+      - {{provider: o2, model_ref: o2-wait}}
   first-event:
     strategy: failover
     fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}

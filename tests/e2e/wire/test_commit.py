@@ -121,3 +121,22 @@ def test_a_stream_cut_after_its_first_event_is_not_replayed(fresh: Stack) -> Non
     with pytest.raises(openai.APIConnectionError):
         stream_text(fresh, "first-event")
     assert fresh.received("o2") == []
+
+
+def test_a_stalled_stream_is_cut_at_the_groups_stream_idle_timeout(fresh: Stack) -> None:
+    """`stream_idle_timeout_seconds: 1`: a stream that stops sending is cut a second later
+    (it was Envoy's five minutes), not replayed, and charged as a timeout."""
+    before = fresh.figures("o1/o1-model")
+    fresh.behave("o1", behaviour("stalled_stream"))
+    started = time.monotonic()
+    with pytest.raises(openai.APIConnectionError):
+        stream_text(fresh, "idle-cut")
+    assert 1.0 <= time.monotonic() - started < 5.0
+    assert fresh.received("o2") == []
+    assert fresh.new_outcomes("o1/o1-model", before, 1) == {"upstream_timeout": 1}
+
+
+def test_a_slow_but_steady_stream_outlives_the_idle_timeout(fresh: Stack) -> None:
+    fresh.behave("o1", Behaviour(inter_event_delay_s=0.4))
+    text, took = stream_text(fresh, "idle-cut")
+    assert text.startswith("Hello from o1") and took > 2.0

@@ -105,3 +105,19 @@ def test_a_target_that_keeps_failing_gets_its_retries_then_the_fallback(fresh: S
     reply = fresh.openai.chat.completions.create(model="retry-same", messages=prompt())
     assert reply.model == "o2-model"
     assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (2, 1)
+
+
+def test_a_group_that_waits_for_retry_after_tries_the_same_target_once_it_is_time(
+        fresh: Stack) -> None:
+    """`retry_same_target: 1, wait_for_retry_after_seconds: 5`: a 429 asking for 1 s is
+    waited out (Envoy's rate-limited back-off: between 1 and 1.5 s), then the same target
+    answers; the fallback is never called."""
+    fresh.behave("o1", Behaviour(status=429, fail_first=1, headers=(("retry-after", "1"),)))
+    started = time.monotonic()
+    reply = fresh.openai.chat.completions.create(model="wait-same", messages=prompt())
+    took = time.monotonic() - started
+    assert reply.model == "o1-wait"
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (2, 0)
+    assert 1.0 <= took < 6.0
+    gap = fresh.received("o1")[1].at - fresh.received("o1")[0].at
+    assert 1.0 <= gap < 2.0
