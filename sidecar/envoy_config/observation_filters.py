@@ -71,6 +71,7 @@ from sidecar.observe.response_checks import (
     ERROR_TYPE_KEY,
     LOGGED_RESPONSE_HEADERS,
     NOT_JSON,
+    NOT_JSON_EVENT_KEY,
     NOT_JSON_KEY,
     SHAPE_KEY,
     USAGE_MISSING,
@@ -104,6 +105,7 @@ _ERROR_PATHS = (("error", "type"), ("error", "code"))
 # A completion's shape: Chat's `object` (`chat.completion`, `chat.completion.chunk`),
 # Responses' `object` (`response`), Anthropic's `type` (`message`, `message_start` …).
 _SHAPE_PATHS = (("object",), ("type",))
+_NEVER_PRESENT = "sidecar:never-present"
 
 
 def _json_rules() -> list[JsonToMetadataRule]:
@@ -132,7 +134,14 @@ def _event_rules() -> list[JsonContentParserRuleConfig]:
     shapes = [JsonContentParserRuleConfig(rule=_rule(path, _extract(SHAPE_KEY, _TEXT)),
                                           stop_processing_after_matches=1)
               for path in _SHAPE_PATHS]
-    return [*usage, *counts, *errors, *shapes]
+    # Envoy's JSON parser applies `on_error` at the end of a stream, to rules that never
+    # matched, when any event's data did not parse: a rule that never matches is therefore
+    # a flag for "some event was not JSON". OpenAI's streams always end with `data: [DONE]`
+    # (not JSON), so the flag counts only for Anthropic streams (response_checks.py).
+    garbage = JsonContentParserRuleConfig(rule=_rule(
+        (_NEVER_PRESENT,), _constant(NOT_JSON_EVENT_KEY, NOT_JSON),
+        on_error=_constant(NOT_JSON_EVENT_KEY, NOT_JSON)))
+    return [*usage, *counts, *errors, *shapes, garbage]
 
 
 def usage_filters(max_request_body_bytes: int) -> list[HttpFilter]:

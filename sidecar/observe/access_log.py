@@ -28,7 +28,12 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
 from sidecar.observe.rate_limits import requested_wait_s
 from sidecar.observe.records import Observation, Outcome
-from sidecar.observe.response_checks import CONTENT_ENCODING, CONTENT_TYPE, invalid_body
+from sidecar.observe.response_checks import (
+    CONTENT_ENCODING,
+    CONTENT_TYPE,
+    SHAPE_KEY,
+    invalid_body,
+)
 from sidecar.observe.store import ObservationStore
 from sidecar.observe.usage_fields import usage_of
 from sidecar.telemetry.rows import RequestResult
@@ -106,8 +111,9 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     outcome = outcome_of(common.response_flags, status)
     if outcome is Outcome.OK and 200 <= status < 300:
         headers = entry.response.response_headers
+        shape = usage_keys[SHAPE_KEY].string_value if SHAPE_KEY in usage_keys else ""
         if invalid_body(headers.get(CONTENT_TYPE, ""), headers.get(CONTENT_ENCODING, ""),
-                        usage_keys):
+                        usage_keys, shape):
             outcome = Outcome.INVALID_RESPONSE
     upstream_ms = (last_rx - first_tx) if last_rx is not None else None
     latency_ms = _ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration)

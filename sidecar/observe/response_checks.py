@@ -13,6 +13,7 @@ content type and encoding. From those alone:
 | a JSON body that does not parse, or is empty | invalid |
 | a JSON body with neither usage nor a completion's `object`/`type` | invalid |
 | an event stream without a single event of either dialect's shape (`object`/`type`) | invalid |
+| an Anthropic stream (first event `message_start`) with an event whose data is not JSON | invalid |
 | a JSON body that was not read (longer than the held limits) | valid |
 | a compressed body (Envoy's readers cannot read it), or no content type at all | valid |
 
@@ -30,6 +31,8 @@ from sidecar.envoy_contract import USAGE_KEY
 ERROR_TYPE_KEY = "error_type"       # the provider's `error.type` (or `error.code`)
 NOT_JSON_KEY = "not_json"           # a JSON reply's body did not parse
 NOT_JSON = "true"
+NOT_JSON_EVENT_KEY = "not_json_event"  # some event of a stream did not parse (OpenAI's
+#                                        `[DONE]` among them: read for Anthropic streams only)
 USAGE_MISSING_KEY = "usage_missing"  # a JSON reply was parsed and one usage path was absent
 USAGE_MISSING = "true"
 SHAPE_KEY = "shape"                 # a reply's or an SSE event's `object` (OpenAI) or
@@ -40,13 +43,17 @@ CONTENT_TYPE = "content-type"
 CONTENT_ENCODING = "content-encoding"
 LOGGED_RESPONSE_HEADERS = (CONTENT_TYPE, CONTENT_ENCODING)
 
+# The first event of an Anthropic stream (docs.anthropic.com/en/api/messages-streaming).
+_ANTHROPIC_STREAM_STARTS = frozenset({"message_start", "ping"})
 _JSON = "application/json"
 _EVENT_STREAM = "text/event-stream"
 
 
-def invalid_body(content_type: str, content_encoding: str, usage: Container[str]) -> bool:
+def invalid_body(content_type: str, content_encoding: str, usage: Container[str],
+                 shape: str = "") -> bool:
     """For a 2xx: True when the body is not what a completion of either dialect looks like.
-    `usage` holds the keys present in the usage metadata (output tokens included)."""
+    `usage` holds the keys present in the usage metadata (output tokens included), `shape`
+    the value of its SHAPE_KEY."""
     if ERROR_TYPE_KEY in usage:
         return True
     if content_encoding.strip().lower() not in ("", "identity"):
@@ -60,5 +67,7 @@ def invalid_body(content_type: str, content_encoding: str, usage: Container[str]
         return (USAGE_MISSING_KEY in usage and USAGE_KEY not in usage
                 and SHAPE_KEY not in usage)
     if media_type == _EVENT_STREAM:
+        if NOT_JSON_EVENT_KEY in usage and shape in _ANTHROPIC_STREAM_STARTS:
+            return True
         return SHAPE_KEY not in usage and USAGE_KEY not in usage
     return True
