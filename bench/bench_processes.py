@@ -214,11 +214,12 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
                   token: str, processes: int = 1, extra_config: str = "",
-                  config_text: str | None = None, apart: frozenset[str] = frozenset()
-                  ) -> tuple[Processes, int]:
+                  config_text: str | None = None, apart: frozenset[str] = frozenset(),
+                  render_tree: Path | None = None) -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
     spreads the ext_proc streams over them). `extra_config`: top-level YAML appended;
-    `config_text`: a whole configuration instead of the SPEC's group."""
+    `config_text`: a whole configuration instead of the SPEC's group; `render_tree`: the
+    source tree whose `render-envoy` makes Envoy's bootstrap (default: this one)."""
     config = workdir / f"sidecar-{strategy}.yaml"
     config.write_text((config_text or sidecar_config(strategy, fast_port, drip_url, token))
                       + extra_config)
@@ -235,10 +236,18 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
              "--grpc-token-file", str(token_file), "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(admin_http, "/healthz")
-    document = yaml.safe_load(render_envoy_yaml(
-        load_config_text(config.read_text()),
-        EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
-                       ext_proc=f"127.0.0.1:{grpc_ports[0]}"), token))
+    addresses = EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
+                               ext_proc=f"127.0.0.1:{grpc_ports[0]}")
+    if render_tree is None:
+        document = yaml.safe_load(render_envoy_yaml(load_config_text(config.read_text()),
+                                                    addresses, token))
+    else:
+        document = yaml.safe_load(subprocess.run(
+            [sys.executable, "-m", "sidecar", "render-envoy", "--config", str(config),
+             "--listen", addresses.listen, "--admin", addresses.admin, "--ext-proc",
+             addresses.ext_proc, "--grpc-token-file", str(token_file)],
+            env={**os.environ, "PYTHONPATH": str(render_tree)}, check=True,
+            capture_output=True, text=True).stdout)
     for cluster in document["static_resources"]["clusters"]:
         if cluster["name"] == "sidecar_ext_proc":
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]

@@ -1,9 +1,11 @@
 """The native routed path of this tree against another revision's, side by side in one run
 (machines here differ from session to session, so only same-run ratios compare).
 
-Both rows run the SPEC group (dynamic_score) through real Envoy (rendered by this tree) and
-a sidecar process started from the given source tree; rows alternate round by round. Make
-the other tree with `git worktree add /tmp/old <rev>`.
+Both rows run the SPEC group (dynamic_score) through real Envoy and a sidecar process, the
+bootstrap rendered and the sidecar started from the given source tree (so a change to the
+Envoy half shows too); rows alternate round by round. A stream's time to its first event
+is measured on the demo provider's stream group. Make the other tree with
+`git worktree add /tmp/old <rev>`.
 
 Usage:  .venv/bin/python bench/versus_revision.py --old-tree /tmp/old [--rounds 4]
         [--seconds 4] [--output F]      (wrk from Debian's package must be installed)
@@ -20,19 +22,23 @@ from pathlib import Path
 
 from bench_processes import TOKEN, fast_provider, sidecar_stack, wait_http
 from mode_runner import publish
+from stream_probe import probe_streams
 from wrk_load import run_wrk
 
 from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import FakeProvider
 
 CHAT_PATH = "/v1/chat/completions"
-NAMES = ("req/s c32", "p50 ms c1", "p99 ms c1", "sidecar CPU s/1k", "Envoy CPU s/1k")
+NAMES = ("req/s c32", "p50 ms c1", "p99 ms c1", "stream first event ms", "sidecar CPU s/1k",
+         "Envoy CPU s/1k")
+STREAMS = 100
 
 
 def measure(tree: Path, workdir: Path, fast_port: int, drip_url: str,
             seconds: float) -> tuple[float, ...]:
     os.environ["PYTHONPATH"] = str(tree)  # the sidecar process imports this tree's code
-    processes, port = sidecar_stack(workdir, "dynamic_score", fast_port, drip_url, TOKEN)
+    processes, port = sidecar_stack(workdir, "dynamic_score", fast_port, drip_url, TOKEN,
+                                    render_tree=tree)
     try:
         run_wrk(port, CHAT_PATH, "adaptive-agent", TOKEN, 32, min(seconds, 2.0))
         before = processes.cpu_seconds()
@@ -40,8 +46,9 @@ def measure(tree: Path, workdir: Path, fast_port: int, drip_url: str,
         cpu = {k: (v - before[k]) / busy.requests * 1000
                for k, v in processes.cpu_seconds().items()}
         single = run_wrk(port, CHAT_PATH, "adaptive-agent", TOKEN, 1, seconds)
-        return (busy.requests_per_s, single.p50_ms, single.p99_ms, cpu["sidecar"],
-                cpu["envoy"])
+        streams = probe_streams(port, CHAT_PATH, "stream-group", TOKEN, STREAMS)
+        return (busy.requests_per_s, single.p50_ms, single.p99_ms, streams.ttfb_p50_ms,
+                cpu["sidecar"], cpu["envoy"])
     finally:
         processes.stop()
 

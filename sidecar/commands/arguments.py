@@ -174,6 +174,11 @@ def parser() -> argparse.ArgumentParser:
     providers.add_argument("--listen", default="127.0.0.1:18080", type=host_port)
     providers.add_argument("--api-key-env", default="SIDECAR_DEMO_PROVIDER_KEY",
                            help="environment variable holding the key the providers require")
+    providers.add_argument("--behaviour", action="append", default=[], metavar="PROVIDER=NAME",
+                           help="make one demo provider behave as a real one does, by the "
+                                "name of sidecar/devstack/provider_behaviours.py (e.g. "
+                                "baseten=openai_rate_limited); repeatable; "
+                                "--behaviour list prints the names")
 
     demo_config = command("demo-config", "print the demo configuration")
     demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",

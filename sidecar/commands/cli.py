@@ -206,13 +206,30 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _demo_providers(args: argparse.Namespace) -> int:
-    from sidecar.devstack.demo import demo_provider_server
+    from sidecar.devstack.demo import DEMO_PROVIDER_NAMES, demo_provider_server
+    from sidecar.devstack.provider_behaviours import BEHAVIOURS, behaviour
 
+    if "list" in args.behaviour:
+        for entry in BEHAVIOURS.values():
+            print(f"{entry.name}: {entry.follows}")
+        return 0
+    chosen = {}
+    for pair in args.behaviour:
+        provider, _, name = pair.partition("=")
+        if provider not in DEMO_PROVIDER_NAMES or name not in BEHAVIOURS:
+            print(f"--behaviour {pair}: expected PROVIDER=NAME with PROVIDER one of "
+                  f"{', '.join(DEMO_PROVIDER_NAMES)} and NAME one of "
+                  f"{', '.join(sorted(BEHAVIOURS))} (--behaviour list describes them)",
+                  file=sys.stderr)
+            return 2
+        chosen[provider] = behaviour(name)
     host, port = split_host_port(args.listen)
     key = os.environ.get(args.api_key_env) or None
 
     async def serve() -> None:
         server = demo_provider_server(host, port, key)
+        for provider, chosen_behaviour in chosen.items():
+            server.providers[provider].behaviour = chosen_behaviour
         await server.start()
         logging.getLogger("sidecar").info("demo providers on http://%s:%d", host, server.port)
         await until_stop_signal()

@@ -163,3 +163,36 @@ def test_render_envoy_and_demo_config_print_usable_files(tmp_path: Path) -> None
     assert rendered.returncode == 0, rendered.stderr
     assert "port_value: 10001" in rendered.stdout
     assert "target__adaptive-agent__0__baseten" in rendered.stdout
+
+
+def test_demo_providers_show_a_named_provider_behaviour() -> None:
+    """`sidecar demo-providers --behaviour PROVIDER=NAME`: the demo's providers behave as
+    the real ones the names follow (sidecar/devstack/provider_behaviours.py)."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "demo-providers", "--listen", f"127.0.0.1:{port}",
+         "--behaviour", "anthropic=anthropic_rate_limited"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                limited = httpx.post(f"http://127.0.0.1:{port}/anthropic/v1/messages",
+                                     json={"model": "m"}, timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert limited.status_code == 429 and limited.headers["retry-after"] == "2"
+        healthy = httpx.post(f"http://127.0.0.1:{port}/openai/v1/chat/completions",
+                             json={"model": "m"}, timeout=5)
+        assert healthy.status_code == 200
+    finally:
+        process.terminate()
+        process.wait(10)
+    listed = sidecar("demo-providers", "--behaviour", "list")
+    assert listed.returncode == 0 and "anthropic_overloaded_in_stream: " in listed.stdout
+    refused = sidecar("demo-providers", "--behaviour", "nobody=chunked_json")
+    assert refused.returncode == 2 and "--behaviour list" in refused.stderr
