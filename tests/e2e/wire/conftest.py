@@ -23,6 +23,8 @@ from sidecar.devstack.providers import Behaviour, FakeProvider
 from tests.e2e.observing import Observing
 
 TOKEN = "wire-caller-token"
+# A caller with a daily token quota, for the accounting of chunked replies.
+QUOTA_TOKEN = "wire-quota-caller-token"
 OPENAI_PROVIDERS = ("o1", "o2", "o3")
 ANTHROPIC_PROVIDERS = ("c1", "c2")
 KEYS = {name: f"key-{name}-secret" for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS}
@@ -131,7 +133,10 @@ def config_text(providers: ProviderThread, db: Path) -> str:
         lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "
                      f"credential: {{env: KEY_{name.upper()}}}, dialects: [{dialect}]}}")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-    lines += [f"callers: [{{name: wire-team, token_sha256: {digest}}}]",
+    quota_digest = hashlib.sha256(QUOTA_TOKEN.encode()).hexdigest()
+    lines += [f"callers: [{{name: wire-team, token_sha256: {digest}}}, "
+              f"{{name: quota-team, token_sha256: {quota_digest}, models: [priced], "
+              "quotas: {tokens_per_day: 100}}]",
               "observations: {flush_interval_ms: 50, refresh_ms: 10}",
               f"telemetry: {{sqlite_path: '{db}', replica: wire}}"]
     return "\n".join(lines) + "\n" + GROUPS

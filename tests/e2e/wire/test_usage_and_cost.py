@@ -91,3 +91,26 @@ def test_an_openai_stream_ending_in_done_is_counted_ok(fresh: Stack) -> None:
     before = fresh.figures("o1/o1-model")
     list(fresh.openai.chat.completions.create(model="priced", messages=prompt(), stream=True))
     assert fresh.new_outcomes("o1/o1-model", before, 1) == {"ok": 1}
+
+
+def test_a_daily_token_quota_counts_chunked_replies(fresh: Stack) -> None:
+    """Chunked replies used to cost a caller's quota nothing: eight of 20-odd tokens each
+    were all served under a 100-token daily limit."""
+    import openai
+
+    from tests.e2e.wire.conftest import QUOTA_TOKEN
+
+    fresh.behave("o1", Behaviour(chunked_json=True))
+    client = openai.OpenAI(base_url=fresh.up.base_url + "/v1", api_key=QUOTA_TOKEN,
+                           max_retries=0)
+    served = 0
+    for _ in range(10):
+        try:
+            reply = client.chat.completions.create(model="priced", messages=prompt())
+        except openai.RateLimitError as refused:
+            assert "tokens_per_day" in refused.message
+            break
+        served += 1
+        assert reply.usage.total_tokens >= 20
+        time.sleep(0.3)  # the ledger counts a reply when its access-log batch arrives (50 ms)
+    assert 1 <= served <= 5
