@@ -97,6 +97,9 @@ class Provider(StrictModel):
     dialect_base_urls: dict[Dialect, str] = Field(default_factory=dict)
     credential: Credential | None = None
     connect_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 300)] = 5.0
+    # How Envoy talks to the provider: HTTP/1.1, or HTTP/2 (over TLS by ALPN, over plain
+    # http with prior knowledge, as vLLM and other servers behind an HTTP/2 proxy take it).
+    protocol: Literal["http1", "http2"] = "http1"
     # Beyond the built-in allowlists (sidecar/header_policy.py): caller headers this
     # provider gets, and this provider's response headers callers get.
     pass_request_headers: list[HeaderName] = Field(default_factory=list)

@@ -27,12 +27,12 @@ from typing import Any
 
 from sidecar.devstack import provider_wire
 from sidecar.devstack.provider_http import (
+    H2_PREFACE_LINE,
+    Http1Wire,
     Pacing,
     RecordedRequest,
-    broken,
+    Wire,
     read_request,
-    respond,
-    stream,
 )
 
 log = logging.getLogger("sidecar.demo")
@@ -150,31 +150,39 @@ class ProviderServer:
         assert task is not None
         self._open[writer] = task
         try:
-            while True:
-                request = await read_request(reader)
-                if request is None:
-                    break
-                keep_alive = await self._serve(request, writer)
+            first = await reader.readline()
+            if first == H2_PREFACE_LINE:  # HTTP/2 with prior knowledge (provider_h2.py)
+                from sidecar.devstack.provider_h2 import H2Connection  # needs `h2`
+
+                await H2Connection(reader, writer, self._serve).serve(
+                    await reader.readexactly(8))
+                return
+            request = await read_request(reader, first)
+            while request is not None:
+                keep_alive = await self._serve(request, Http1Wire(writer))
                 if not keep_alive:
                     break
+                request = await read_request(reader)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, asyncio.CancelledError):
             pass
         finally:
             self._open.pop(writer, None)
             writer.close()
 
-    async def _serve(self, request: RecordedRequest, writer: asyncio.StreamWriter) -> bool:
+    async def _serve(self, request: RecordedRequest, wire: Wire) -> bool:
+        """Answer one request on `wire` (HTTP/1.1 or HTTP/2); False: the connection was
+        dropped."""
         name, _, rest = request.path.lstrip("/").partition("/")
         provider = self.providers.get(name)
         if provider is None:
-            await respond(writer, 404,
+            await wire.respond(404,
                           provider_wire.openai_error(404, f"no demo provider '{name}'"))
             return True
         provider.received.append(request)
         endpoint = "/" + rest.split("?", 1)[0]
         anthropic = endpoint == "/v1/messages"
         if endpoint not in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
-            await respond(writer, 404,
+            await wire.respond(404,
                           provider_wire.openai_error(404, f"unknown endpoint {endpoint}"))
             return True
         error = provider_wire.anthropic_error if anthropic else provider_wire.openai_error
@@ -187,10 +195,10 @@ class ProviderServer:
         if latency:
             await asyncio.sleep(latency)
         if behaviour.reset_connection:
-            writer.transport.abort()
+            wire.abort()
             return False
         if provider.api_key is not None and _credential(request, anthropic) != provider.api_key:
-            await respond(writer, 401, error(401, "invalid provider API key"), headers=headers)
+            await wire.respond(401, error(401, "invalid provider API key"), headers=headers)
             return True
         provider.served += 1
         status = behaviour.status
@@ -199,21 +207,21 @@ class ProviderServer:
         if behaviour.error_rate and provider.rng.random() < behaviour.error_rate:
             status = behaviour.error_status
         if status is not None and status != 200:
-            await respond(writer, status, behaviour.error_body or error(status, "injected failure"),
+            await wire.respond(status, behaviour.error_body or error(status, "injected failure"),
                           chunked=chunked, headers=headers)
             return True
         if behaviour.raw_body is not None:
-            await respond(writer, 200, behaviour.raw_body, behaviour.content_type,
+            await wire.respond(200, behaviour.raw_body, behaviour.content_type,
                           chunked=chunked, headers=headers)
             return True
         try:
             payload = request.json()
         except ValueError:
-            await respond(writer, 400, error(400, "body is not JSON"), headers=headers)
+            await wire.respond(400, error(400, "body is not JSON"), headers=headers)
             return True
         refusal = _context_error(behaviour, anthropic, payload, len(request.body))
         if refusal is not None:
-            await respond(writer, 400, refusal, chunked=chunked, headers=headers)
+            await wire.respond(400, refusal, chunked=chunked, headers=headers)
             return True
         text = behaviour.text
         if behaviour.reply_words is not None:
@@ -227,9 +235,9 @@ class ProviderServer:
         )
         if endpoint == "/v1/responses":
             if payload.get("stream") is True:
-                await respond(writer, 400, error(400, "demo Responses API is unary only"))
+                await wire.respond(400, error(400, "demo Responses API is unary only"))
             else:
-                await respond(writer, 200, provider_wire.responses_json(completion),
+                await wire.respond(200, provider_wire.responses_json(completion),
                               chunked=chunked, headers=headers)
             return True
         rate = behaviour.tokens_per_s
@@ -239,9 +247,9 @@ class ProviderServer:
             body = (provider_wire.anthropic_json(completion) if anthropic
                     else provider_wire.openai_json(completion))
             if behaviour.invalid_chunked or behaviour.reset_mid_body:
-                await broken(writer, body, chunked=behaviour.invalid_chunked)
+                await wire.broken(body, chunked=behaviour.invalid_chunked)
                 return False
-            await respond(writer, 200, body, chunked=chunked, headers=headers)
+            await wire.respond(200, body, chunked=chunked, headers=headers)
             return True
         if anthropic:
             events = provider_wire.anthropic_events(completion)
@@ -253,7 +261,7 @@ class ProviderServer:
                         cut_after=behaviour.fail_after_events,
                         stall_after=behaviour.stall_after_events)
         try:
-            await stream(writer, _stream_events(behaviour, events), pacing, headers)
+            await wire.stream(_stream_events(behaviour, events), pacing, headers)
         except ConnectionError:
             provider.cancelled += 1
             return False

@@ -234,9 +234,7 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
                     gates.append(first_event_gate(first_event, cleared))
                 filters = [held, *gates, *attempt_filters(message_timeout_ms, cleared,
                                                           stripped, injectors())]
-                return _target_cluster(name, provider.base_url,
-                                       provider.connect_timeout_seconds,
-                                       addresses.ca_bundle, filters)
+                return _target_cluster(name, provider, addresses.ca_bundle, filters)
 
             yield (target_cluster_name(group_name, index, target.provider),
                    (target.provider, dialects, "native", first_event), native)
@@ -250,8 +248,7 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
                                     held: HttpFilter = held,
                                     injectors: Callable = injectors) -> Cluster:
                     return _target_cluster(
-                        name, provider.base_url, provider.connect_timeout_seconds,
-                        addresses.ca_bundle,
+                        name, provider, addresses.ca_bundle,
                         bridge_filters(message_timeout_ms, cleared, stripped, held,
                                        injectors()))
 
@@ -413,22 +410,20 @@ def _ext_proc_cluster(address: str) -> Cluster:
     )
 
 
-def _target_cluster(name: str, base_url: str, connect_timeout: float,
-                    ca_bundle: str | None, filters: list[HttpFilter]) -> Cluster:
-    parts = urlsplit(base_url)
+def _target_cluster(name: str, provider: Provider, ca_bundle: str | None,
+                    filters: list[HttpFilter]) -> Cluster:
+    parts = urlsplit(provider.base_url)
     host = parts.hostname or ""
     tls = parts.scheme == "https"
     port = parts.port or (443 if tls else 80)
-    options = HttpProtocolOptions(
-        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-            http_protocol_options=Http1ProtocolOptions()
-        ),
-        http_filters=filters,
-    )
+    protocol = (HttpProtocolOptionsExplicitHttpConfig(
+        http2_protocol_options=Http2ProtocolOptions()) if provider.protocol == "http2"
+        else HttpProtocolOptionsExplicitHttpConfig(http_protocol_options=Http1ProtocolOptions()))
+    options = HttpProtocolOptions(explicit_http_config=protocol, http_filters=filters)
     cluster = Cluster(
         name=name,
         type=_discovery(host),
-        connect_timeout=timedelta(seconds=connect_timeout),
+        connect_timeout=timedelta(seconds=provider.connect_timeout_seconds),
         load_assignment=_endpoints(name, host, port),
         typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
         circuit_breakers=target_circuit_breakers(),
@@ -441,8 +436,10 @@ def _target_cluster(name: str, base_url: str, connect_timeout: float,
                 san_type=SubjectAltNameMatcherSanType.DNS, matcher=StringMatcher(exact=host))],
         )
         validation.trusted_ca = DataSource(filename=ca_bundle or find_ca_bundle())
-        context = UpstreamTlsContext(
-            sni=host, common_tls_context=CommonTlsContext(validation_context=validation))
+        context = UpstreamTlsContext(sni=host, common_tls_context=CommonTlsContext(
+            validation_context=validation,
+            # HTTP/2 over TLS is asked for in the handshake (a server without h2 refuses).
+            alpn_protocols=["h2"] if provider.protocol == "http2" else []))
         cluster.transport_socket = TransportSocket(
             name="envoy.transport_sockets.tls", typed_config=Any.pack(context)
         )

@@ -423,3 +423,32 @@ wait: {targets: [{provider: openai, model_ref: m}],
     assert "x-sidecar-route-class" in route_config["request_headers_to_remove"]
     assert config.route_class_name("idle") == config.route_class_name("idle-too") == "c1"
     assert config.route_class_name("adaptive-agent") == ""
+
+
+def test_a_provider_reached_over_http2_gets_an_http2_cluster_with_alpn_over_tls() -> None:
+    config = load_config_text("""
+providers:
+  plain-h2: {base_url: "http://127.0.0.1:8000/v1", protocol: http2}
+  tls-h2: {base_url: "https://llm.example.com/v1", protocol: http2}
+models:
+  g:
+    targets:
+      - {provider: plain-h2, model_ref: a}
+      - {provider: tls-h2, model_ref: b}
+      - {provider: openai, model_ref: c}
+""")
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses(),
+                                                channel_token="t" * 43))
+    clusters = {c["name"]: c for c in document["static_resources"]["clusters"]}
+
+    def explicit(name: str) -> dict:
+        return clusters[name]["typed_extension_protocol_options"][
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+
+    assert "http2_protocol_options" in explicit("target__g__0__plain-h2")
+    assert "http2_protocol_options" in explicit("target__g__1__tls-h2")
+    assert "http_protocol_options" in explicit("target__g__2__openai")
+    tls = clusters["target__g__1__tls-h2"]["transport_socket"]["typed_config"]
+    assert tls["common_tls_context"]["alpn_protocols"] == ["h2"]
+    plain_tls = clusters["target__g__2__openai"]["transport_socket"]["typed_config"]
+    assert "alpn_protocols" not in plain_tls["common_tls_context"]

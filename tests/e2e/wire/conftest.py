@@ -27,7 +27,8 @@ TOKEN = "wire-caller-token"
 QUOTA_TOKEN = "wire-quota-caller-token"
 OPENAI_PROVIDERS = ("o1", "o2", "o3")
 ANTHROPIC_PROVIDERS = ("c1", "c2")
-KEYS = {name: f"key-{name}-secret" for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS}
+# h2p: an OpenAI-dialect provider Envoy reaches over HTTP/2 (devstack/provider_h2.py).
+KEYS = {name: f"key-{name}-secret" for name in (*OPENAI_PROVIDERS, *ANTHROPIC_PROVIDERS, "h2p")}
 OPENAI_PRICE = "{input_per_mtok: 1.25, cached_input_per_mtok: 0.125, output_per_mtok: 10}"
 ANTHROPIC_PRICE = ("{input_per_mtok: 3, cached_input_per_mtok: 0.3, cache_write_per_mtok: 3.75, "
                    "output_per_mtok: 15}")
@@ -110,6 +111,11 @@ models:
     targets:
       - {{provider: o1, model_ref: o1-wait}}
       - {{provider: o2, model_ref: o2-wait}}
+  h2-chain:
+    strategy: failover
+    targets:
+      - {{provider: h2p, model_ref: h2-model}}
+      - {{provider: o2, model_ref: o2-model}}
   first-event:
     strategy: failover
     fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
@@ -127,7 +133,9 @@ models:
 
 def config_text(providers: ProviderThread, db: Path) -> str:
     lines = ["providers:", f"  dead: {{base_url: 'http://127.0.0.1:{free_port()}/v1', "
-                           "credential: null, dialects: [anthropic_messages]}"]
+                           "credential: null, dialects: [anthropic_messages]}",
+             f"  h2p: {{base_url: '{providers.base_url('h2p')}', protocol: http2, "
+             "credential: {env: KEY_H2P}}"]
     for name in OPENAI_PROVIDERS + ANTHROPIC_PROVIDERS:
         dialect = "anthropic_messages" if name in ANTHROPIC_PROVIDERS else "openai_chat"
         lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "

@@ -140,3 +140,32 @@ def test_a_slow_but_steady_stream_outlives_the_idle_timeout(fresh: Stack) -> Non
     fresh.behave("o1", Behaviour(inter_event_delay_s=0.4))
     text, took = stream_text(fresh, "idle-cut")
     assert text.startswith("Hello from o1") and took > 2.0
+
+
+# --- a provider reached over HTTP/2 ---------------------------------------------------------
+
+def test_an_http2_reply_without_a_length_is_counted_and_priced(fresh: Stack) -> None:
+    """HTTP/2 has no chunked encoding: a reply of undeclared length is one without a
+    content-length, which the reply gate reads as it reads a chunked one."""
+    fresh.behave("h2p", Behaviour(chunked_json=True))
+    before = fresh.figures("h2p/h2-model")
+    reply = fresh.openai.chat.completions.create(model="h2-chain", messages=prompt())
+    assert reply.model == "h2-model"
+    assert fresh.new_outcomes("h2p/h2-model", before, 1) == {"ok": 1}
+    assert fresh.figures("h2p/h2-model")["output_tokens_per_s"] is not None
+    assert fresh.received("h2p")[0].headers["authorization"] == "Bearer key-h2p-secret"
+
+
+def test_an_http2_reply_reset_mid_body_goes_to_the_next_target(fresh: Stack) -> None:
+    """RST_STREAM after half the body (what an HTTP/2 load balancer sends when its backend
+    dies), whether the reply declared its length or not."""
+    for chunked in (False, True):
+        fresh.behave("h2p", Behaviour(reset_mid_body=True, chunked_json=chunked))
+        reply = fresh.openai.chat.completions.create(model="h2-chain", messages=prompt())
+        assert reply.model == "o2-model"
+
+
+def test_an_http2_stream_arrives_event_by_event(fresh: Stack) -> None:
+    fresh.behave("h2p", Behaviour(inter_event_delay_s=0.1))
+    text, took = stream_text(fresh, "h2-chain")
+    assert text.startswith("Hello from h2p") and took > 0.5
