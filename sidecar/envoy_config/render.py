@@ -48,11 +48,7 @@ from envoy_data_plane.envoy.config.endpoint.v3 import (
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.overload.v3 import OverloadManager, ResourceMonitor
 from envoy_data_plane.envoy.config.route.v3 import (
-    HeaderMatcher,
-    Route,
-    RouteAction,
     RouteConfiguration,
-    RouteMatch,
     VirtualHost,
 )
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
@@ -86,9 +82,7 @@ from envoy_data_plane.google.protobuf import Any
 
 from sidecar.bridge.registry import processed_routes
 from sidecar.config.models import (
-    DEFAULT_ROUTE_CLASS,
     Provider,
-    RouteClass,
     SidecarConfig,
     Target,
 )
@@ -101,13 +95,13 @@ from sidecar.envoy_config.fallback import (
     attempt_filters,
     no_target_cluster,
     request_only_mode,
-    retry_policy,
     target_circuit_breakers,
 )
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
 from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
 from sidecar.envoy_config.response_headers import response_header_filter
+from sidecar.envoy_config.routes import model_group_routes
 from sidecar.envoy_config.upstream_errors import (
     RESET_CLOSE_DELAY,
     final_upstream_errors,
@@ -296,9 +290,7 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[ROUTE_NAMESPACE])),
     )
-    routes = [_route(config, route_class, name)
-              for route_class, name in config.route_classes.items() if name]
-    routes.append(_route(config, DEFAULT_ROUTE_CLASS, ""))
+    routes = model_group_routes(config)
     # Every attempt is logged too, so failures before a fallback reach the observations.
     router = Router(upstream_log=[access_log(observe.flush_interval_ms, ATTEMPT_LOG_NAME)]
                     if observe.enabled else [],
@@ -351,26 +343,6 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
                 ]
             )
         ],
-    )
-
-
-def _route(config: SidecarConfig, route_class: RouteClass, name: str) -> Route:
-    """The route of one route class: the catch-all (`name` "") or the one the decision
-    picks with ROUTE_CLASS_HEADER. The idle timeout and the rate-limited retry back-off
-    are route settings Envoy takes from no request header."""
-    limits = config.limits
-    return Route(
-        match=RouteMatch(prefix="/", headers=[HeaderMatcher(
-            name=ROUTE_CLASS_HEADER, string_match=StringMatcher(exact=name))]
-            if name else []),
-        route=RouteAction(
-            timeout=timedelta(seconds=limits.request_timeout_seconds),
-            idle_timeout=timedelta(seconds=route_class.idle_timeout_s),
-            auto_host_rewrite=True,
-            retry_policy=retry_policy(config, route_class.rate_limit_wait_s),
-        ),
-        # Also the retry buffer: a retry resends the buffered body.
-        request_body_buffer_limit=limits.max_request_body_bytes,
     )
 
 
