@@ -126,7 +126,9 @@ def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float
     if attempt.bridge.passthrough:
         if attempt.storable and store is not None and attempt.cache_slot:
             store(attempt.cache_slot, body, attempt.content_type)
-        return Rewrite((), (), None)
+        # The whole body is here (a reply of undeclared length too): its length lets
+        # Envoy's usage reader read it (observation_filters.py), as for any other reply.
+        return Rewrite((("content-length", str(len(body))),), (), None)
     translator = attempt.bridge.translator
     if attempt.session_key and sessions is not None and 200 <= attempt.status < 300:
         answered = chat_to_responses.response_id(body)

@@ -111,6 +111,10 @@ models:
     targets:
       - {{provider: o1, model_ref: o1-wait}}
       - {{provider: o2, model_ref: o2-wait}}
+  cached:
+    response_cache: {{ttl_seconds: 60}}
+    targets:
+      - {{provider: o3, model_ref: o3-cached, pricing: {OPENAI_PRICE}}}
   h2-chain:
     strategy: failover
     targets:

@@ -114,3 +114,17 @@ def test_a_daily_token_quota_counts_chunked_replies(fresh: Stack) -> None:
         assert reply.usage.total_tokens >= 20
         time.sleep(0.3)  # the ledger counts a reply when its access-log batch arrives (50 ms)
     assert 1 <= served <= 5
+
+
+def test_a_chunked_cache_miss_is_counted_and_its_hit_is_not(fresh: Stack) -> None:
+    """A response-cache group's misses pass a sidecar filter that holds them whole: a
+    chunked one is given its length there, so Envoy reads its usage as for any other."""
+    fresh.behave("o3", Behaviour(chunked_json=True))
+    messages = prompt()
+    started = time.time()
+    reply = fresh.openai.chat.completions.create(model="cached", messages=messages)
+    row = fresh.row("cached", started)
+    assert row["cache"] == "miss"
+    assert (row["input_tokens"], row["output_tokens"]) == (
+        reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    assert row["cost_usd"] is not None and row["cost_usd"] > 0
