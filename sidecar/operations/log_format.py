@@ -44,8 +44,18 @@ def _json_object(message: str) -> dict[str, object] | None:
     return value if isinstance(value, dict) else None
 
 
+# Third-party loggers that print what crosses the wire at their debug (or info) level: hpack
+# and h2 every decoded header — the channel token Envoy presents among them — httpx and
+# httpcore each request (and, at debug, its headers: an admin or external-service token),
+# asyncio the callbacks it runs. They log at WARNING and above whatever `--log-level` says,
+# so no level can put a secret or a line per request into the log.
+CAPPED_LOGGERS = ("hpack", "h2", "httpx", "httpcore", "asyncio", "grpc", "urllib3",
+                  "psycopg", "redis")
+
+
 def configure(level: str, log_format: str) -> None:
-    """Root logging on stderr in the chosen format (`text` or `json`)."""
+    """Root logging on stderr in the chosen format (`text` or `json`); the third-party
+    loggers of CAPPED_LOGGERS at WARNING or above."""
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -54,6 +64,9 @@ def configure(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    floor = max(logging.WARNING, root.level)
+    for name in CAPPED_LOGGERS:
+        logging.getLogger(name).setLevel(floor)
 
 
 def current() -> tuple[str, str]:

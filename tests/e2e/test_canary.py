@@ -38,10 +38,12 @@ HEADER = f"CANARY-HEADER-{RUN}"
 COOKIE = f"CANARY-COOKIE-{RUN}"
 IMAGE = f"CANARY-IMAGE-{RUN}"
 TOOL_OUTPUT = f"CANARY-TOOL-OUTPUT-{RUN}"
+ADMIN_TOKEN = f"canary-admin-token-{RUN}-{uuid.uuid4().hex}"
 _PLAIN = (PROMPT, CALLER_TOKEN, HEADER, COOKIE, IMAGE, TOOL_OUTPUT)
 CALLER_SECRETS = (*_PLAIN, *(hashlib.sha256(s.encode()).hexdigest() for s in _PLAIN))
-EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY,
-                *(hashlib.sha256(s.encode()).hexdigest() for s in (PROVIDER_KEY, SECOND_KEY)))
+EVERY_SECRET = (*CALLER_SECRETS, PROVIDER_KEY, SECOND_KEY, ADMIN_TOKEN,
+                *(hashlib.sha256(s.encode()).hexdigest()
+                  for s in (PROVIDER_KEY, SECOND_KEY, ADMIN_TOKEN)))
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -84,7 +86,10 @@ models:
       - {{provider: second, model_ref: second-model, tags: [vision, tool_capable]}}
 """)
         log_path = workdir / "up.log"
-        up = UpProcess(["--log-level", "debug", "--config", str(config), "--log-decisions"],
+        admin_token = workdir / "admin.token"
+        admin_token.write_text(ADMIN_TOKEN + "\n")
+        up = UpProcess(["--log-level", "debug", "--config", str(config), "--log-decisions",
+                        "--admin-token-file", str(admin_token)],
                        env={"CANARY_KEY": PROVIDER_KEY, **env}, log_path=log_path)
         with up.running():
             places = _exercise(up, providers)
@@ -182,8 +187,10 @@ def _collect(up: UpProcess) -> dict[str, str]:
     with httpx.Client(timeout=10) as client:
         for path in ("/observations", "/status", "/healthz", "/metrics", "/reports/usage",
                      "/reports/decisions?by=caller", "/reports/fallbacks"):
-            places[f"sidecar admin {path}"] = client.get(
-                f"http://127.0.0.1:{up.admin_http_port}{path}").text
+            answer = client.get(f"http://127.0.0.1:{up.admin_http_port}{path}",
+                                headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+            assert answer.status_code == 200, (path, answer.status_code)
+            places[f"sidecar admin {path}"] = answer.text
         for path in ("/config_dump?include_eds", "/stats", "/stats?format=json",
                      "/clusters", "/server_info", "/listeners", "/runtime"):
             places[f"Envoy admin {path}"] = client.get(
@@ -196,6 +203,27 @@ def test_the_canaries_went_through(run: dict[str, str]) -> None:
     assert " sidecar.decision " in log  # the decision log was on
     assert '"canary-team"' in log or "canary-team" in log
     assert "target__canary-group__0__canary" in run["Envoy admin /clusters"]
+
+
+def channel_token(run: dict[str, str]) -> str:
+    """The token Envoy presents to the sidecar (made fresh by `sidecar up`): Envoy's admin
+    shows it in `/config_dump`, which is why that port must never be exposed."""
+    dump = run["Envoy admin /config_dump?include_eds"]
+    marker = '"key": "x-sidecar-channel-token",'
+    at = dump.index(marker) + len(marker)
+    value = dump[at:].split('"value": "', 1)[1].split('"', 1)[0]
+    assert len(value) >= 32
+    return value
+
+
+def test_the_channel_token_is_in_no_log_at_debug_level(run: dict[str, str]) -> None:
+    """Issue #28, observation 4: hpack's debug log printed every decoded header, the channel
+    token among them; whoever read the log could act as Envoy on the gRPC port."""
+    token = channel_token(run)
+    for place, text in run.items():
+        if place.startswith(("provider ", "Envoy admin /config_dump")):
+            continue
+        assert token not in text, f"the channel token is in {place}"
 
 
 def test_no_secret_appears_anywhere_readable(run: dict[str, str]) -> None:

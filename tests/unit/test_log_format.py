@@ -45,3 +45,23 @@ def test_configure_makes_every_line_json_and_every_command_has_the_flag() -> Non
     help_text = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--help"],
                                capture_output=True, text=True, timeout=30).stdout
     assert "--log-format {text,json}" in help_text
+
+
+def test_third_party_wire_loggers_stay_at_warning_whatever_the_level() -> None:
+    """Issue #28, observation 4: hpack printed every decoded header (the channel token
+    among them) at debug; httpx a line per request at info."""
+    import logging
+
+    from sidecar.operations.log_format import CAPPED_LOGGERS, configure
+
+    before = logging.getLogger().level, logging.getLogger().handlers[:]
+    try:
+        configure("debug", "text")
+        for name in CAPPED_LOGGERS:
+            assert logging.getLogger(name).getEffectiveLevel() == logging.WARNING, name
+        assert not logging.getLogger("hpack.hpack").isEnabledFor(logging.DEBUG)
+        configure("error", "text")
+        assert logging.getLogger("httpx").getEffectiveLevel() == logging.ERROR
+    finally:
+        logging.getLogger().setLevel(before[0])
+        logging.getLogger().handlers[:] = before[1]
