@@ -90,7 +90,9 @@ def chat_answer(answer: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise UnreadableAnswer("the OpenAI answer has no choices")
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise UnreadableAnswer("the OpenAI answer's first choice has no message")
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise UnreadableAnswer("tool calls that are not a list")

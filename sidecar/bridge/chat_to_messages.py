@@ -157,7 +157,7 @@ def _assistant_blocks(message: Mapping[str, Any], where: str) -> list[dict[str, 
             raise Untranslatable(f"{where}.tool_calls[{k}]", "only function calls are bridged")
         try:
             arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             arguments = None
         if not isinstance(arguments, dict):
             raise Untranslatable(f"{where}.tool_calls[{k}].function.arguments",

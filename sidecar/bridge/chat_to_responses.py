@@ -182,7 +182,7 @@ def response_id(answer: bytes) -> str | None:
     """The id of a Responses answer, to thread the next turn of its session."""
     try:
         document = json.loads(answer)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     value = document.get("id") if isinstance(document, dict) else None
     return value if isinstance(value, str) and value else None

@@ -30,7 +30,7 @@ def upstream_message(body: bytes) -> str | None:
     """The message of an OpenAI- or Anthropic-shaped error body, if it has one."""
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     error = document.get("error") if isinstance(document, dict) else None
     message = error.get("message") if isinstance(error, dict) else None

@@ -223,7 +223,7 @@ def response(answer: Mapping[str, Any], model: str) -> dict[str, Any]:
         function = call["function"]
         try:
             arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             raise UnreadableAnswer("tool call arguments that are not JSON") from None
         if not isinstance(arguments, dict):
             raise UnreadableAnswer("tool call arguments that are not a JSON object")

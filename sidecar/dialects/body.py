@@ -36,6 +36,12 @@ class BodyError(ValueError):
     """The body is not a JSON object; the message is safe to show the caller."""
 
 
+# Two top-level `model` members: JSON parsers disagree on which one counts (Python's and
+# most keep the last, some the first), so a provider could serve another model than the
+# router decided on. Refused, as ambiguous.
+DUPLICATE_MODEL = "Request body has more than one top-level 'model' member"
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -114,6 +120,8 @@ def _parse_fast(body: bytes, budget: int | None = None) -> ParsedBody | None:
         budget = _MIN_BUDGET + len(body) // _BYTES_PER_TOKEN
     try:
         span = _top_level_model_span(body, budget)
+    except BodyError:
+        raise
     except (_Malformed, _OverBudget, IndexError, ValueError):
         return None
     try:
@@ -156,6 +164,7 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
     JSON (validity is checked after); raises _OverBudget past `budget` tokens."""
     depth = 0
     span: tuple[int, int] | None = None
+    seen_model = False
     index = 0
     search, space = _TOKEN.search, _SPACE.match
     while (found := search(raw, index)) is not None:
@@ -171,6 +180,9 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
                 if raw[colon:colon + 1] == b":":  # a member name of the top-level object
                     value = space(raw, colon + 1).end()
                     if _is_model(raw[index:end]):
+                        if seen_model:
+                            raise BodyError(DUPLICATE_MODEL)
+                        seen_model = True
                         span = None
                         if raw[value:value + 1] == b'"':
                             value_end, budget = _string_end(raw, value, budget)
@@ -213,9 +225,11 @@ def _parse_object(text: str) -> tuple[dict[str, Any], tuple[int, int] | None]:
             raise ValueError("expected ':'")
         start = _skip(text, index + 1)
         value, index = _SCAN(text, start)
-        payload[key] = value
         if key == "model":
+            if "model" in payload:
+                raise BodyError(DUPLICATE_MODEL)
             span = (start, index) if isinstance(value, str) else None
+        payload[key] = value
         index = _skip(text, index)
         separator = text[index:index + 1]
         if separator == "}":

@@ -67,8 +67,8 @@ def request_rewrite(attempt: BridgeAttempt, body: bytes,
                     sessions: SessionStore | None = None) -> Rewrite | ClientError:
     try:
         payload = json.loads(body)
-    except ValueError:
-        return ClientError(400, "the request body is not JSON")
+    except (ValueError, RecursionError):
+        return ClientError(400, "the request body is not JSON (or is nested too deeply)")
     if not isinstance(payload, dict):
         return ClientError(400, "the request body is not a JSON object")
     route = attempt.bridge.route
@@ -84,7 +84,7 @@ def request_rewrite(attempt: BridgeAttempt, body: bytes,
                                                             "model": route.model_ref})
     except Untranslatable as refused:  # routing checked it; a retry's body is the same
         return ClientError(400, f"This request cannot be bridged to another API: {refused}")
-    new_body = json.dumps(translated, separators=(",", ":")).encode()
+    new_body = compact_json(translated)
     headers = [(":path", route.path), ("content-length", str(len(new_body))),
                ("content-type", JSON)]
     translator = attempt.bridge.translator
@@ -143,20 +143,45 @@ def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float
             raise UnreadableAnswer("not a JSON object")
         model = str(answer.get("model") or attempt.bridge.route.model_ref)
         translated = translator.response(answer, model, clock)
-    except (ValueError, UnreadableAnswer):
+        if attempt.stream:
+            return Rewrite((), (), _synthesized(translator.caller, translated,
+                                                attempt.include_usage))
+    except _UNREADABLE:
+        # Not JSON, nested past the parser's depth, or not the shape its dialect promises
+        # (a passed-through answer is not checked before its stream is synthesized): the
+        # caller gets a 502 in its own dialect, never a traceback.
         error = ClientError(502, "The provider's answer could not be translated to this API.")
         rendered = error.render(translator.caller.is_anthropic)
         return Rewrite(((":status", "502"), ("content-type", JSON),
                         ("content-length", str(len(rendered)))), (), rendered)
-    if not attempt.stream:
-        answer_body = json.dumps(translated, separators=(",", ":")).encode()
-        if attempt.storable and store is not None and attempt.cache_slot:
-            store(attempt.cache_slot, answer_body, JSON)
-        # A length, as the provider's own JSON had: Envoy's usage extraction reads only
-        # replies of declared length (observation_filters.py).
-        return Rewrite((("content-length", str(len(answer_body))),), (), answer_body)
-    if translator.caller.is_anthropic:
-        return Rewrite((), (), messages_sse(translated))
-    if translator.caller is Dialect.OPENAI_RESPONSES:
-        return Rewrite((), (), responses_sse(translated))
-    return Rewrite((), (), chat_sse(translated, attempt.include_usage))
+    answer_body = compact_json(translated)
+    if attempt.storable and store is not None and attempt.cache_slot:
+        store(attempt.cache_slot, answer_body, JSON)
+    # A length, as the provider's own JSON had: Envoy's usage extraction reads only
+    # replies of declared length (observation_filters.py).
+    return Rewrite((("content-length", str(len(answer_body))),), (), answer_body)
+
+
+# What a provider's answer can make a translator or a stream synthesis raise.
+_UNREADABLE = (ValueError, RecursionError, UnreadableAnswer, KeyError, TypeError,
+               AttributeError, IndexError)
+
+
+def compact_json(value: object) -> bytes:
+    """JSON as the caller would write it: non-ASCII characters as UTF-8, not as `\\uXXXX`
+    escapes (which make a body of emoji three times larger than the one the caller sent,
+    and the limit then refuses a bridged or cached request it lets through natively). A
+    string with a lone surrogate (valid JSON, not UTF-8) is escaped as before."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _synthesized(caller: Dialect, translated: dict[str, Any], include_usage: bool) -> bytes:
+    if caller.is_anthropic:
+        return messages_sse(translated)
+    if caller is Dialect.OPENAI_RESPONSES:
+        return responses_sse(translated)
+    return chat_sse(translated, include_usage)

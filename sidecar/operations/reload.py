@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.cache.caches import ResponseCaches
 from sidecar.config import ConfigError, load_config_file
+from sidecar.config.loading import release_freed_memory
 from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import SecretError
 from sidecar.external.client import ExternalCalls
@@ -103,6 +104,7 @@ class Reloader:
                 result = ReloadResult(False, trigger, tuple(prepared))
         self.last = result
         self.outcomes[("applied" if result.ok else "rejected",)] += 1
+        release_freed_memory()  # what the parse (and a rejected configuration) held
         if result.ok:
             log.info("configuration reloaded (%s): %d model groups%s", trigger, result.groups,
                      f"; needs a restart to change: {', '.join(result.needs_restart)}"
@@ -136,6 +138,9 @@ class Reloader:
             return list(exc.problems)
         except (SecretError, OSError, ValueError) as exc:
             return [str(exc)]
+        except Exception as exc:  # whatever the file holds, the reload is only rejected
+            log.exception("configuration reload: unexpected failure")
+            return [f"cannot load the configuration ({type(exc).__name__})"]
         return config, runtime
 
 
@@ -168,8 +173,11 @@ async def watch(reloader: Reloader, interval_s: float = 2.0) -> None:
     swap reliably, and a stat every two seconds costs nothing)."""
     while True:
         await asyncio.sleep(interval_s)
-        if reloader.changed_on_disk():
-            await reloader.reload("file")
+        try:
+            if reloader.changed_on_disk():
+                await reloader.reload("file")
+        except Exception:  # the watch must outlive any file (a reload only rejects it)
+            log.exception("configuration watch: a reload failed; still watching")
 
 
 def enable_reload(sidecar: RunningSidecar, path: Path,

@@ -196,3 +196,13 @@ def test_demo_providers_show_a_named_provider_behaviour() -> None:
     assert listed.returncode == 0 and "anthropic_overloaded_in_stream: " in listed.stdout
     refused = sidecar("demo-providers", "--behaviour", "nobody=chunked_json")
     assert refused.returncode == 2 and "--behaviour list" in refused.stderr
+
+
+def test_check_config_on_a_file_nested_to_death_is_a_problem_not_a_crash(
+        tmp_path: Path) -> None:
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("models: " + "[" * 20000 + "]" * 20000)
+    result = sidecar("check-config", str(nested))
+    assert result.returncode == 2, result.stderr
+    assert "exceeded maximum nesting depth" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr

@@ -173,3 +173,45 @@ def test_reload_by_http_needs_the_admin_token(stack) -> None:
                         headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).text
     assert 'sidecar_config_reloads_total{outcome="applied"}' in metrics
     assert 'sidecar_config_reloads_total{outcome="rejected"}' in metrics
+
+
+def reloads(up: UpProcess, outcome: str) -> float:
+    metrics = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/metrics", timeout=5,
+                        headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).text
+    line = f'sidecar_config_reloads_total{{outcome="{outcome}"}} '
+    return next((float(row.split(" ")[-1]) for row in metrics.splitlines()
+                 if row.startswith(line)), 0.0)
+
+
+def test_no_file_can_stop_the_watch_or_block_a_reload(stack) -> None:
+    """Issue #28, observation 3 and weaknesses: a file nested 20,000 levels deep killed the
+    file watch (uncounted, unlogged; later edits ignored); a FIFO at the path blocked every
+    reload, `POST /reload` included; no size cap. Now each is a rejected, counted reload
+    with check-config's words, and the watch goes on to apply the next good file."""
+    up, providers, path = stack
+    rejected = reloads(up, "rejected")
+    path.write_text("models: " + "[" * 20000 + "]" * 20000)
+    wait_until(lambda: reloads(up, "rejected") >= rejected + 1)
+    path.write_text(config_text(providers, {"alpha": 1, "gamma": 0}).replace(
+        "weight: 1", "weight: 2"))  # a good edit after it: the watch still applies it
+    applied = reloads(up, "applied")
+    wait_until(lambda: reloads(up, "applied") >= applied + 1)
+
+    good = path.read_text()
+    path.unlink()
+    os.mkfifo(path)
+    try:
+        started = time.monotonic()
+        answer = reload_by_admin(up)
+        assert time.monotonic() - started < 5
+        assert answer.status_code == 422
+        assert any("not a regular file" in p for p in answer.json()["problems"])
+    finally:
+        path.unlink()
+    path.write_bytes(b"models: {}\n" + b"#" * (17 * 1024 * 1024))
+    answer = reload_by_admin(up)
+    assert answer.status_code == 422 and "larger than 16 MiB" in answer.text
+    path.write_text(good)
+    assert reload_by_admin(up).json()["ok"] is True
+    log = up.log_path.read_text() if up.log_path else ""
+    assert "Traceback" not in log

@@ -188,3 +188,39 @@ def test_a_first_token_timeout_needs_the_first_event_commit_and_fits_the_deadlin
                  per_try_timeout_seconds=5, deadline_seconds=10)
     fallback = Fallback(commit_at_first_event=True, per_try_timeout_seconds=7)
     assert fallback.first_event_wait_seconds == 7
+
+
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path) -> None:
+    """Issue #28: a FIFO blocked every reload until it got EOF; no size cap."""
+    import os
+    import time
+
+    from sidecar.config.loading import MAX_CONFIG_BYTES, ConfigError, load_config_file
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config_file(fifo)
+    assert time.monotonic() - started < 1
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config_file(tmp_path)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match="larger than 16 MiB"):
+        load_config_file(big)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"models: {g: {targets: [{provider: openai, model_ref: caf\xe9}]}}")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config_file(latin)
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config_file(tmp_path / "missing.yaml")
+
+
+def test_yaml_nested_to_death_is_a_problem_with_the_parsers_words() -> None:
+    from sidecar.config.loading import ConfigError, load_config_text
+
+    with pytest.raises(ConfigError, match="exceeded maximum nesting depth"):
+        load_config_text("models: " + "[" * 20000 + "]" * 20000)
+    with pytest.raises(ConfigError, match="line 5, column 1: did not find expected ',' or ']'"):
+        load_config_text("models:\n  a:\n    targets: [\n  b: 1\n")

@@ -21,11 +21,23 @@ def test_only_the_model_value_changes() -> None:
     assert rewrite(raw) == raw.replace(b'"g"', b'"real-model"')
 
 
-def test_nested_model_keys_are_left_alone_and_the_last_top_level_one_wins() -> None:
-    raw = b'{"model":"a","metadata":{"model":"g"},"tools":[{"model":"g"}],"model":"g"}'
+def test_nested_model_keys_are_left_alone() -> None:
+    raw = b'{"metadata":{"model":"g"},"tools":[{"model":"g"}],"model":"g"}'
     out = json.loads(rewrite(raw, "m"))
     assert out == {"model": "m", "metadata": {"model": "g"}, "tools": [{"model": "g"}]}
     assert parse_body(raw).payload["model"] == "g"
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model":"a","model":"g"}',
+    b'{"model":"a","metadata":{"model":"g"},"mod\\u0065l":"g"}',
+    b'{"model":"a","x":"' + b"y" * 9000 + b'","model":"g"}',  # the fast path's size
+])
+def test_two_top_level_model_members_are_refused(raw: bytes) -> None:
+    """Issue #28: parsers disagree on which duplicate counts, so a provider keeping the
+    first would serve a model the router did not choose."""
+    with pytest.raises(BodyError, match="more than one top-level 'model'"):
+        parse_body(raw)
 
 
 def test_escaped_key_spelling_and_special_characters_in_the_new_value() -> None:
@@ -98,7 +110,12 @@ _MODEL_MEMBER = st.tuples(st.sampled_from(["model", "mod\\u0065l"]), st.text(max
        st.booleans(), st.text(max_size=10))
 def test_the_fast_path_gives_what_the_exact_path_gives(pairs, pretty, ascii_only, model) -> None:
     raw = _members(pairs, pretty, ascii_only)
-    exact = body_module._parse_exact(raw)
+    try:
+        exact = body_module._parse_exact(raw)
+    except BodyError as refused:  # two model members: both paths refuse
+        with pytest.raises(BodyError, match=str(refused)):
+            body_module._parse_fast(raw, budget=10**6)
+        return
     fast = body_module._parse_fast(raw, budget=10**6)
     assert fast is not None
     assert fast.payload == exact.payload
