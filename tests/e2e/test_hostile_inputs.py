@@ -72,7 +72,7 @@ def test_a_body_of_emoji_that_fits_natively_fits_bridged_and_cached(fresh, group
 
 
 def test_two_model_members_are_refused_in_the_callers_dialect(fresh) -> None:
-    up, fakes = fresh
+    up, _ = fresh
     answer = chat(up, b'{"model": "native", "messages": [], "model": "native"}')
     assert answer.status_code == 400
     assert "more than one top-level 'model'" in answer.json()["error"]["message"]
