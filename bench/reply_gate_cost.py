@@ -2,7 +2,10 @@
 without it, in one interleaved run.
 
   stream               a streaming request in a group that commits at the headers (the
-                       default): the gate's matcher skips it
+                       default): the gate's matcher skips it; the caller does not ask for
+                       usage, so the gateway asks and Envoy's Lua takes it back out
+                       (envoy_config/unasked_usage.py)
+  stream_asked         the same, the caller asking for usage itself: no Lua
   stream_first_event   the same in a group with `fallback.commit_at_first_event: true`: the
                        sidecar holds the headers until the first event, then steps out
   json_declared        a JSON reply with a content-length (held by Lua, read by Envoy)
@@ -30,6 +33,7 @@ from sidecar.devstack.providers import Behaviour, FakeProvider
 
 MODES = {  # mode → (group keys, provider behaviour, streamed)
     "stream": ("", Behaviour(text="one two three four five six"), True),
+    "stream_asked": ("", Behaviour(text="one two three four five six"), "asked"),
     "stream_first_event": ("fallback: {commit_at_first_event: true}",
                            Behaviour(text="one two three four five six"), True),
     "json_declared": ("", Behaviour(), False),
@@ -37,10 +41,12 @@ MODES = {  # mode → (group keys, provider behaviour, streamed)
 }
 
 
-def load(streamed: bool):
+def load(streamed: bool | str):
     async def run(port: int, count: int) -> list[float]:
         body = {"model": "g", "messages": [{"role": "user", "content": "x" * 900}],
-                "stream": streamed}
+                "stream": bool(streamed)}
+        if streamed == "asked":
+            body["stream_options"] = {"include_usage": True}
         results = []
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
                                      headers={"authorization": f"Bearer {TOKEN}"}) as client:

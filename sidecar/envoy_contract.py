@@ -63,6 +63,11 @@ CONTEXT_RETRY_HEADER = "x-sidecar-retry"
 # the route configuration before the request leaves Envoy.
 ROUTE_CLASS_HEADER = "x-sidecar-route-class"
 
+# Set by the decision on an OpenAI Chat stream whose caller did not ask for its usage: the
+# gateway asked for it, and Envoy takes the usage chunk back out of the caller's stream
+# (envoy_config/unasked_usage.py). Removed by the route configuration before the provider.
+USAGE_UNASKED_HEADER = "x-sidecar-unasked-usage"
+
 # A stateful session's key (SHA-256 of caller, group and session id), from the decision to
 # its one attempt; stripped before the provider (sessions never retry).
 SESSION_KEY_HEADER = "x-sidecar-session"

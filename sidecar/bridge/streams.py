@@ -21,8 +21,11 @@ def chat_sse(completion: Mapping[str, Any], include_usage: bool) -> bytes:
     message = choice["message"]
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                     "finish_reason": finish}]}
+        event = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish}]}
+        if include_usage:  # as OpenAI streams do when asked for their usage
+            event["usage"] = None
+        return event
 
     events = [chunk({"role": "assistant", "content": ""})]
     if message.get("content"):

@@ -129,11 +129,17 @@ def openai_json(c: Completion) -> bytes:
 
 
 def openai_events(c: Completion, include_usage: bool) -> Iterator[bytes]:
+    """platform.openai.com/docs/api-reference/chat/create, `stream_options.include_usage`:
+    a last chunk with empty `choices` and the usage before `[DONE]`, and `"usage": null`
+    in every other chunk."""
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-        return _data({
+        event: dict[str, Any] = {
             "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        })
+        }
+        if include_usage:
+            event["usage"] = None
+        return _data(event)
 
     yield chunk({"role": "assistant", "content": ""}, None)
     for word in c.words:

@@ -60,14 +60,39 @@ class ParsedBody:
         """The body with its top-level "model" string replaced by `model_ref`."""
         return b"".join(self.model_replaced(model_ref))
 
-    def model_replaced(self, model_ref: str) -> tuple[bytes | memoryview, ...]:
+    def model_replaced(self, model_ref: str,
+                       ask_usage: bool = False) -> tuple[bytes | memoryview, ...]:
         """The same body as pieces to be sent one after another (views of the original
-        around the new value), so a large body is not copied to be rewritten."""
+        around the new value), so a large body is not copied to be rewritten. With
+        `ask_usage`, the body also asks an OpenAI Chat stream for its usage
+        (`stream_options.include_usage`; usage_asked says when that is needed)."""
+        if ask_usage and "stream_options" in self.payload:  # merge into the caller's own
+            options = self.payload["stream_options"]
+            merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            return (json.dumps({**self.payload, "model": model_ref,
+                                "stream_options": merged}).encode(),)
         if self.model_span is None:
-            return (json.dumps({**self.payload, "model": model_ref}).encode(),)
+            extra = {"stream_options": {"include_usage": True}} if ask_usage else {}
+            return (json.dumps({**self.payload, "model": model_ref, **extra}).encode(),)
         start, end = self.model_span
         view = memoryview(self.raw)
-        return view[:start], json.dumps(model_ref).encode(), view[end:]
+        if not ask_usage:
+            return view[:start], json.dumps(model_ref).encode(), view[end:]
+        opening = _skip_bytes(self.raw, 0) + 1  # just past the object's `{`
+        return (view[:opening], _ASK_USAGE, view[opening:start], json.dumps(model_ref).encode(),
+                view[end:])
+
+    def usage_asked(self) -> bool:
+        """Whether a streaming Chat request already asks for its usage."""
+        options = self.payload.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+
+_ASK_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def _skip_bytes(raw: bytes, index: int) -> int:
+    return _SPACE.match(raw, index).end()  # type: ignore[union-attr]
 
 
 def parse_body(body: bytes) -> ParsedBody:

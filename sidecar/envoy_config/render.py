@@ -102,6 +102,7 @@ from sidecar.envoy_config.observation_filters import access_log, usage_filters
 from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
 from sidecar.envoy_config.response_headers import response_header_filter
 from sidecar.envoy_config.routes import model_group_routes
+from sidecar.envoy_config.unasked_usage import unasked_usage_filter
 from sidecar.envoy_config.upstream_errors import (
     RESET_CLOSE_DELAY,
     final_upstream_errors,
@@ -115,6 +116,7 @@ from sidecar.envoy_contract import (
     ROUTE_CLASS_HEADER,
     ROUTE_NAMESPACE,
     SESSION_KEY_HEADER,
+    USAGE_UNASKED_HEADER,
     bridge_cluster_name,
     target_cluster_name,
 )
@@ -317,10 +319,13 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             # The caller's address (Envoy adds it as the edge): providers learn nothing
             # about who called. (The sidecar drops it too, with every header not on the
             # allowlist; this keeps it out even of requests the sidecar never saw.)
-            request_headers_to_remove=[*CLIENT_ADDRESS_HEADERS, ROUTE_CLASS_HEADER],
+            request_headers_to_remove=[*CLIENT_ADDRESS_HEADERS, ROUTE_CLASS_HEADER,
+                                       USAGE_UNASKED_HEADER],
         ),
         http_filters=[
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
+            # After the usage readers on the response path: they read what it removes.
+            *([unasked_usage_filter()] if observe.enabled else []),
             # Responses pass it last: only allowlisted provider headers reach the caller.
             response_header_filter(config),
             final_upstream_errors(),

@@ -27,6 +27,7 @@ from sidecar.envoy_contract import (
     CACHE_SLOT_HEADER,
     CALLER_API_HEADER,
     SESSION_KEY_HEADER,
+    USAGE_UNASKED_HEADER,
 )
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
@@ -246,7 +247,11 @@ class Gateway:
                   or routes[(model, choice.index, pending.dialect)] for choice in ordered]
         attempts = tuple(target.cluster for target in chosen)
         route = chosen[0]
-        new_body = parsed.model_replaced(route.model_ref)
+        # A Chat stream's usage is not left to the caller: asked for here, and taken back
+        # out of its stream by Envoy (envoy_config/unasked_usage.py).
+        ask_usage = (summary.stream and pending.dialect is Dialect.OPENAI_CHAT
+                     and runtime.config.observations.enabled and not parsed.usage_asked())
+        new_body = parsed.model_replaced(route.model_ref, ask_usage)
         set_headers = [
             (":path", route.path),
             ("content-length", str(body_size(new_body))),
@@ -261,6 +266,8 @@ class Gateway:
             set_headers.append((CALLER_API_HEADER, pending.dialect.value))
         if slot:
             set_headers.append((CACHE_SLOT_HEADER, slot))
+        if ask_usage:
+            set_headers.append((USAGE_UNASKED_HEADER, "1"))
         # The caller's other headers went at the header phase (by allowlist).
         return Forward(attempts, tuple(set_headers), (), new_body, decision)
 

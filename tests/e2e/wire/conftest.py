@@ -23,8 +23,9 @@ from sidecar.devstack.providers import Behaviour, FakeProvider
 from tests.e2e.observing import Observing
 
 TOKEN = "wire-caller-token"
-# A caller with a daily token quota, for the accounting of chunked replies.
+# Callers with a daily token quota each (the accounting of chunked replies, of streams).
 QUOTA_TOKEN = "wire-quota-caller-token"
+STREAM_QUOTA_TOKEN = "wire-stream-quota-caller-token"
 OPENAI_PROVIDERS = ("o1", "o2", "o3")
 ANTHROPIC_PROVIDERS = ("c1", "c2")
 # h2p: an OpenAI-dialect provider Envoy reaches over HTTP/2 (devstack/provider_h2.py).
@@ -145,10 +146,12 @@ def config_text(providers: ProviderThread, db: Path) -> str:
         lines.append(f"  {name}: {{base_url: '{providers.base_url(name)}', "
                      f"credential: {{env: KEY_{name.upper()}}}, dialects: [{dialect}]}}")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-    quota_digest = hashlib.sha256(QUOTA_TOKEN.encode()).hexdigest()
-    lines += [f"callers: [{{name: wire-team, token_sha256: {digest}}}, "
-              f"{{name: quota-team, token_sha256: {quota_digest}, models: [priced], "
-              "quotas: {tokens_per_day: 100}}]",
+    quota = ", ".join(
+        f"{{name: {name}, token_sha256: {hashlib.sha256(token.encode()).hexdigest()}, "
+        "models: [priced], quotas: {tokens_per_day: 100}}"
+        for name, token in (("quota-team", QUOTA_TOKEN), ("stream-quota-team",
+                                                           STREAM_QUOTA_TOKEN)))
+    lines += [f"callers: [{{name: wire-team, token_sha256: {digest}}}, {quota}]",
               "observations: {flush_interval_ms: 50, refresh_ms: 10}",
               f"telemetry: {{sqlite_path: '{db}', replica: wire}}"]
     return "\n".join(lines) + "\n" + GROUPS

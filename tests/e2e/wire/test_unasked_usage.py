@@ -1,0 +1,83 @@
+"""Usage is never left to the caller's choice (issue #28, observation 1): an OpenAI Chat
+stream without `stream_options.include_usage` is asked for its usage upstream, counted in
+quotas, rows and windows, and the caller's stream is what it would have been without the
+gateway: no usage chunk, no `"usage": null`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from sidecar.devstack.providers import Behaviour
+from tests.e2e.wire.conftest import STREAM_QUOTA_TOKEN, TOKEN, Stack, prompt
+
+pytestmark = pytest.mark.e2e
+
+
+def raw_stream(stack: Stack, group: str, token: str = TOKEN, **extra) -> list[dict | str]:
+    with httpx.stream("POST", stack.up.base_url + "/v1/chat/completions", timeout=30,
+                      headers={"authorization": f"Bearer {token}"},
+                      json={"model": group, "messages": prompt(), "stream": True,
+                            **extra}) as response:
+        assert response.status_code == 200
+        text = response.read().decode()
+    events = [event.removeprefix("data: ") for event in text.split("\n\n") if event]
+    return [event if event == "[DONE]" else json.loads(event) for event in events]
+
+
+@pytest.mark.parametrize("group", ["priced", "bridged-claude"])
+def test_the_caller_sees_no_usage_it_did_not_ask_for_and_the_row_has_it(
+        fresh: Stack, group: str) -> None:
+    started = time.time()
+    events = raw_stream(fresh, group)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all("usage" not in chunk for chunk in chunks), chunks
+    assert all(chunk["choices"] for chunk in chunks)  # no empty-choices usage chunk
+    row = fresh.row(group, started)
+    assert row["output_tokens"] and row["output_tokens"] > 0
+    assert row["input_tokens"] and row["input_tokens"] > 0
+    if group == "priced":
+        asked = fresh.received("o1")[-1].json()
+        assert asked["stream_options"] == {"include_usage": True}
+
+
+def test_a_caller_that_asks_for_usage_gets_it_as_the_provider_sends_it(fresh: Stack) -> None:
+    events = raw_stream(fresh, "priced", stream_options={"include_usage": True})
+    usage = [chunk for chunk in events[:-1] if chunk["choices"] == []]
+    assert len(usage) == 1 and usage[0]["usage"]["completion_tokens"] > 0
+    assert all(chunk.get("usage", "absent") is None for chunk in events[:-1]
+               if chunk["choices"])
+
+
+def test_the_sdk_streams_the_readme_way_without_an_empty_choices_chunk(fresh: Stack) -> None:
+    """`chunk.choices[0]` on every chunk, as the README does: an unasked usage chunk (empty
+    choices) would raise IndexError."""
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in
+                   fresh.openai.chat.completions.create(model="priced", messages=prompt(),
+                                                        stream=True))
+    assert text.startswith("Hello from o1")
+
+
+def test_a_token_quota_cannot_be_streamed_around(fresh: Stack) -> None:
+    """Eight streams of 20-odd tokens under a 100-token daily limit were all served; the
+    same as JSON were refused on the sixth."""
+    client = openai.OpenAI(base_url=fresh.up.base_url + "/v1", api_key=STREAM_QUOTA_TOKEN,
+                           max_retries=0)
+    fresh.behave("o1", Behaviour(text="one two three four five six seven eight nine ten "
+                                      "eleven twelve thirteen fourteen fifteen sixteen"))
+    served = 0
+    for _ in range(10):
+        try:
+            list(client.chat.completions.create(model="priced", messages=prompt(),
+                                                stream=True))
+        except openai.RateLimitError as refused:
+            assert "tokens_per_day" in refused.message
+            break
+        served += 1
+        time.sleep(0.3)  # the ledger counts a stream when its access-log batch arrives
+    assert 1 <= served <= 5
