@@ -203,6 +203,10 @@ class ModelGroup(StrictModel):
     script: ScriptPolicy | None = None
     external: ExternalPolicy | None = None
     response_cache: ResponseCache | None = None
+    # What a request without an output cap is expected to produce (tokens): spend
+    # ceilings and cost_score count with it, and it is the output charged when a reply's
+    # usage cannot be read (billing.py, docs/quotas.md).
+    output_budget_tokens: Annotated[PositiveInt, bounded(1, 10_000_000)] = 1024
     # Let callers of one API reach targets of another through a bridge (docs/dialects.md).
     # Off by default: a bridge translates, and some fields cannot cross (then the target is
     # ineligible for that request).

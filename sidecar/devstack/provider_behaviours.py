@@ -96,6 +96,8 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
                    lambda: Behaviour(context_window_tokens=64)),
     NamedBehaviour("vllm_context_length", "docs.vllm.ai, OpenAI-compatible server errors",
                    lambda: Behaviour(context_window_tokens=64, vllm_errors=True)),
+    NamedBehaviour("no_usage", "an OpenAI-compatible server that reports no usage, "
+                   "`stream_options` or not", lambda: Behaviour(reports_usage=False)),
     NamedBehaviour("openai_cached_usage", "platform.openai.com/docs/guides/prompt-caching",
                    lambda: Behaviour(cache_tokens=(1024, 0))),
     NamedBehaviour("anthropic_cache_usage",

@@ -113,7 +113,7 @@ def _finish(c: Completion) -> str:
     return "tool_calls" if c.tool_call else "length" if c.truncated else "stop"
 
 
-def openai_json(c: Completion) -> bytes:
+def openai_json(c: Completion, usage: bool = True) -> bytes:
     message: dict[str, Any] = {"role": "assistant", "content": c.text}
     if c.tool_call:
         message["tool_calls"] = [{"id": _call_id(c), "type": "function", "function": {
@@ -124,7 +124,7 @@ def openai_json(c: Completion) -> bytes:
         "created": _CREATED,
         "model": c.model,
         "choices": [{"index": 0, "message": message, "finish_reason": _finish(c)}],
-        "usage": openai_usage(c),
+        **({"usage": openai_usage(c)} if usage else {}),
     }).encode()
 
 

@@ -69,6 +69,9 @@ class Behaviour:
     vllm_errors: bool = False
     # Prompt-cache tokens reported in the usage: (read, written).
     cache_tokens: tuple[int, int] = (0, 0)
+    # False: report no usage at all (OpenAI dialect), in JSON or streams, whatever
+    # `stream_options` asks, as some OpenAI-compatible servers do.
+    reports_usage: bool = True
     # A huge but valid reply of about this many bytes: the text is made of 64 KiB words (one
     # SSE event each), so JSON replies carry it in the message and streams as many events;
     # the usage still comes last.
@@ -245,7 +248,7 @@ class ProviderServer:
             if rate:
                 await asyncio.sleep(completion.completion_tokens / rate)
             body = (provider_wire.anthropic_json(completion) if anthropic
-                    else provider_wire.openai_json(completion))
+                    else provider_wire.openai_json(completion, behaviour.reports_usage))
             if behaviour.invalid_chunked or behaviour.reset_mid_body:
                 await wire.broken(body, chunked=behaviour.invalid_chunked)
                 return False
@@ -254,7 +257,8 @@ class ProviderServer:
         if anthropic:
             events = provider_wire.anthropic_events(completion)
         else:
-            include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+            include_usage = behaviour.reports_usage and bool(
+                (payload.get("stream_options") or {}).get("include_usage"))
             events = provider_wire.openai_events(completion, include_usage)
         pacing = Pacing(delay_s=1 / rate if rate else behaviour.inter_event_delay_s,
                         first_event_delay_s=behaviour.first_event_delay_s,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.dialects.apis import Dialect
-from sidecar.routing.request import Reasoning, RequestSummary
+from sidecar.routing.request import DEFAULT_OUTPUT_TOKENS, Reasoning, RequestSummary
 
 _IMAGE_PARTS = {"image_url", "image", "input_image"}
 _TEXT_PARTS = {"text", "input_text", "output_text"}
@@ -35,7 +35,8 @@ class RequestShape:
     def summary(self, group: str, caller: str, dialect: Dialect,
                 spend_ceiling_usd: float | None = None,
                 conversation_key: bytes | None = None,
-                bridge_refusal: str | None = None) -> RequestSummary:
+                bridge_refusal: str | None = None,
+                default_output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> RequestSummary:
         """What the routing core gets: this shape plus who asked for which group."""
         return RequestSummary(
             group=group, caller=caller, dialect=dialect, stream=self.stream,
@@ -44,6 +45,7 @@ class RequestShape:
             prompt_chars=self.prompt_chars, prompt_sample=self.prompt_sample,
             spend_ceiling_usd=spend_ceiling_usd, conversation_key=conversation_key,
             structured_output=self.structured_output, bridge_refusal=bridge_refusal,
+            default_output_tokens=default_output_tokens,
         )
 
 

@@ -54,7 +54,7 @@ from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import ExternalAnswer
-from sidecar.telemetry.rows import DecisionFacts, DecisionSink
+from sidecar.telemetry.rows import DecisionFacts, DecisionSink, estimate_of
 
 log = logging.getLogger("sidecar.gateway")
 _limited = LogLimiter(log, burst=10, interval=60.0)
@@ -184,7 +184,8 @@ class Gateway:
                                   payload) if group.bridges else None)
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
-                                _conversation_key(pending, model, group, payload), refusal)
+                                _conversation_key(pending, model, group, payload), refusal,
+                                group.output_budget_tokens)
         session = (bool(pending.session_id) and pending.dialect is Dialect.OPENAI_CHAT
                    and model in runtime.session_routes)
         if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
@@ -225,6 +226,8 @@ class Gateway:
             self._telemetry.decided(DecisionFacts(
                 pending.request_id, time.time(), pending.caller.name, model, decision,
                 summary, pending.traceparent, cache=cache.outcome if cache else None))
+        if self.quotas is not None and pending.request_id and isinstance(decision, Decision):
+            self.quotas.expect(pending.request_id, estimate_of(summary))  # type: ignore[arg-type]
         if isinstance(decision, NoEligibleTarget):
             if decision.retry_after_s is not None:
                 wait = max(1, math.ceil(decision.retry_after_s))

@@ -37,15 +37,19 @@ Path = tuple[str, ...]
 
 # Output tokens: Chat's `usage.completion_tokens`, Anthropic's and Responses'
 # `usage.output_tokens` (an Anthropic stream's last `message_delta` carries the final one).
-OUTPUT_PATHS: tuple[Path, ...] = (("usage", "completion_tokens"), ("usage", "output_tokens"))
+# A Responses stream says it in its `response.completed` event, under `response`.
+OUTPUT_PATHS: tuple[Path, ...] = (("usage", "completion_tokens"), ("usage", "output_tokens"),
+                                  ("response", "usage", "output_tokens"))
 
 # The other counts, each under the key that says its meaning.
 COUNT_PATHS: tuple[tuple[str, Path], ...] = (
     (INPUT_TOKENS_KEY, ("usage", "prompt_tokens")),
     (INPUT_TOKENS_KEY, ("usage", "input_tokens")),
     (INPUT_TOKENS_KEY, ("message", "usage", "input_tokens")),
+    (INPUT_TOKENS_KEY, ("response", "usage", "input_tokens")),
     (CACHED_TOKENS_KEY, ("usage", "prompt_tokens_details", "cached_tokens")),
     (CACHED_TOKENS_KEY, ("usage", "input_tokens_details", "cached_tokens")),
+    (CACHED_TOKENS_KEY, ("response", "usage", "input_tokens_details", "cached_tokens")),
     (CACHE_READ_KEY, ("usage", "cache_read_input_tokens")),
     (CACHE_READ_KEY, ("message", "usage", "cache_read_input_tokens")),
     (CACHE_WRITE_KEY, ("usage", "cache_creation_input_tokens")),

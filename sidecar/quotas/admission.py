@@ -56,6 +56,10 @@ class Quotas:
         self.ledger.admitted(request_id, caller, group)
         return None
 
+    def expect(self, request_id: str, estimate: tuple[int, int]) -> None:
+        """An admitted request's estimate, charged if its usage cannot be read."""
+        self.ledger.expect(request_id, estimate)
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self.shared.run_until(self._stopping)

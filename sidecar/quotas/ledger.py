@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sidecar.config.models import SidecarConfig
 from sidecar.observe.attempts import Transition
 from sidecar.quotas.counters import QuotaCounters
-from sidecar.telemetry.rows import RequestResult, cost_usd
+from sidecar.telemetry.rows import RequestResult, cost_usd, usage_charged
 
 
 class QuotaLedger:
@@ -30,6 +30,8 @@ class QuotaLedger:
         self._wall = wall_clock
         # request id → (caller, group, wall-clock start, monotonic start)
         self._pending: OrderedDict[str, tuple[str, str, float, float]] = OrderedDict()
+        # request id → (estimated input, output budget): charged when no usage is read
+        self._estimates: dict[str, tuple[int, int]] = {}
         self.unclaimed = 0
 
     def configure(self, config: SidecarConfig) -> None:
@@ -48,14 +50,23 @@ class QuotaLedger:
             if len(self._pending) <= self._max_pending and now - entry[3] < self._max_age:
                 break
             del self._pending[oldest]
+            self._estimates.pop(oldest, None)
             self.unclaimed += 1
+
+    def expect(self, request_id: str, estimate: tuple[int, int]) -> None:
+        """The decision's estimate of an admitted request (telemetry/rows.py,
+        usage_charged): what it is charged if its reply's usage cannot be read."""
+        if request_id in self._pending:
+            self._estimates[request_id] = estimate
 
     def finished(self, result: RequestResult) -> None:
         """The access log's entry for a request (the TelemetrySink interface)."""
         entry = self._pending.pop(result.request_id, None)
+        estimate = self._estimates.pop(result.request_id, None)
         if entry is None:
             return
         caller, group, started, _ = entry
+        result, _source = usage_charged(result, estimate)
         tokens = (result.input_tokens or 0) + (result.output_tokens or 0)
         cost = cost_usd(self._prices.get(result.serving_target or ""), result) or 0.0
         self._counters.used(caller, group, tokens, cost, started)

@@ -15,7 +15,7 @@ from sidecar.routing.decision import TargetChoice
 from sidecar.routing.eligibility import BRIDGE_STAGE, CALLER_WORDS, Reach, Rule, active_rules
 from sidecar.routing.observations import ObservationView
 from sidecar.routing.request import RequestSummary
-from sidecar.routing.scores import DEFAULT_OUTPUT_BUDGET_TOKENS, estimated_cost_usd
+from sidecar.routing.scores import estimated_cost_usd
 from sidecar.routing.trace import DecisionTrace
 
 SPEND_CEILING = "spend_ceiling"
@@ -28,7 +28,7 @@ _SPEND_WORDS = "the estimated cost exceeds your spend ceiling"
 
 
 def output_budget(request: RequestSummary) -> int:
-    return request.max_tokens_cap or DEFAULT_OUTPUT_BUDGET_TOKENS
+    return request.output_budget
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,11 @@ class Reasoning:
     budget_tokens: int | None = None
 
 
+# What a request without an output cap is expected to produce, unless its group says
+# (`models.<group>.output_budget_tokens`).
+DEFAULT_OUTPUT_TOKENS = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSummary:
     group: str
@@ -43,10 +48,19 @@ class RequestSummary:
     # Why this request cannot cross a bridge (`field: reason`), when its group bridges and
     # the translation refused it; targets reached only through a bridge are then ineligible.
     bridge_refusal: str | None = None
+    # The group's expected output of an uncapped request (output_budget).
+    default_output_tokens: int = DEFAULT_OUTPUT_TOKENS
 
     @property
     def reasoning_requested(self) -> bool:
         return self.reasoning is not None
+
+    @property
+    def output_budget(self) -> int:
+        """The output this request is expected to produce at most: its cap, or its group's
+        default. Spend ceilings, `cost_score` and the usage charged when a reply's usage
+        cannot be read all count with it (billing.py)."""
+        return self.max_tokens_cap or self.default_output_tokens
 
     @property
     def estimated_input_tokens(self) -> int:

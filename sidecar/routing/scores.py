@@ -26,7 +26,6 @@ from sidecar.routing.observations import TargetObservations
 NEUTRAL = 0.5
 # Callers hang up for their own reasons too: a cancellation counts half a failure.
 CANCEL_WEIGHT = 0.5
-DEFAULT_OUTPUT_BUDGET_TOKENS = 1024
 
 
 def estimated_cost_usd(target: Target, input_tokens: int, output_tokens: int,

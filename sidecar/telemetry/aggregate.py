@@ -68,6 +68,7 @@ class Aggregate:
     output_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    estimated_requests: int = 0  # charged by estimate: no usage could be read
     cost_usd: float = 0.0
     latencies: list[float] = field(default_factory=list)        # exact, from raw rows
     histogram: Histogram = field(default_factory=Histogram)     # rolled-up rows
@@ -84,6 +85,7 @@ class Aggregate:
         self.output_tokens += row.get("output_tokens") or 0
         self.cached_tokens += row.get("cached_tokens") or 0
         self.cache_write_tokens += row.get("cache_write_tokens") or 0
+        self.estimated_requests += row.get("usage_source") == "estimated"
         self.cost_usd += row.get("cost_usd") or 0.0
         latency = row.get("latency_ms")
         if latency is not None:
@@ -100,6 +102,7 @@ class Aggregate:
         self.output_tokens += other.output_tokens
         self.cached_tokens += other.cached_tokens
         self.cache_write_tokens += other.cache_write_tokens
+        self.estimated_requests += other.estimated_requests
         self.cost_usd += other.cost_usd
         self.latencies.extend(other.latencies)
         self.histogram.merge(other.histogram)
@@ -147,6 +150,7 @@ def usage_entry(by: str, key: str, total: Aggregate) -> dict[str, Any]:
         "output_tokens": total.output_tokens,
         "cached_tokens": total.cached_tokens,
         "cache_write_tokens": total.cache_write_tokens,
+        "estimated_requests": total.estimated_requests,
         "cost_usd": round(total.cost_usd, 6),
         "latency_p50_ms": total.percentile(0.50),
         "latency_p95_ms": total.percentile(0.95),

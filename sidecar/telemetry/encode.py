@@ -26,6 +26,7 @@ from sidecar.telemetry.rows import (
     plain_text,
     score_bucket,
     status_class,
+    usage_charged,
     valid_traceparent,
 )
 from sidecar.telemetry.schema import REQUEST_COLUMNS, json_text
@@ -39,7 +40,7 @@ _PROFILE = ("strategy", "cold_start", "signals", "request_shape", "complexity",
             "probe", "selected_target", "external")
 _RESULT = ("serving_target", "attempts", "status", "status_class", "error_class",
            "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cached_tokens",
-           "cost_usd", "cache_write_tokens")
+           "cost_usd", "cache_write_tokens", "usage_source")
 COLUMNS = _HEAD + _PROFILE + _RESULT
 assert sorted(COLUMNS) == sorted(REQUEST_COLUMNS), "encode.py misses a request_rows column"
 _AFFINITY = _PROFILE.index("affinity")
@@ -48,7 +49,8 @@ _AFFINITY = _PROFILE.index("affinity")
 Profile = tuple[tuple[object, ...], tuple[str, ...] | None, tuple[tuple[str, ...], ...]]
 _NO_DECISION: Profile = (("", None, "", "{}", None, "", "{}", None, None, "", False, None,
                           None, 0, None, None, "not_applicable", None, None, None), None, ())
-_NO_RESULT = (None, None, None, "unknown", None, None, None, None, None, None, None, None)
+_NO_RESULT = (None, None, None, "unknown", None, None, None, None, None, None, None, None,
+              None)
 _MAX_PROFILES = 4096
 
 
@@ -92,7 +94,8 @@ class RowEncoder:
                 found = self._profiles[key] = _profile(d)
             profile = found
         columns, decided, excluded = profile
-        tail = _NO_RESULT if r is None else self._result(r)
+        tail = _NO_RESULT if r is None else self._result(
+            *usage_charged(r, d.estimate if d is not None else None))
         if decided is not None:
             counts[(*decided, tail[3])] += 1
             counts["affinity", d.group, columns[_AFFINITY]] += 1  # type: ignore[union-attr]
@@ -100,11 +103,11 @@ class RowEncoder:
                 counts[excluded_key] += 1
         return head + columns + tail
 
-    def _result(self, r: RequestResult) -> tuple[object, ...]:
+    def _result(self, r: RequestResult, usage_source: str | None) -> tuple[object, ...]:
         return (r.serving_target, r.attempts, r.status, status_class(r.status),
                 r.error_class, r.latency_ms, r.ttfb_ms, r.input_tokens, r.output_tokens,
                 r.cached_tokens, cost_usd(self._prices.get(r.serving_target or ""), r),
-                r.cache_write_tokens)
+                r.cache_write_tokens, usage_source)
 
 
 def _profile(d: DecisionRecord) -> Profile:

@@ -125,7 +125,8 @@ def _rolled_up(cursor: Any, db: Database, filters: Filters, days: list[str],
         parts[_rollup_key(row)] = Aggregate(
             requests=row["requests"], errors=row["errors"], input_tokens=row["input_tokens"],
             output_tokens=row["output_tokens"], cached_tokens=row["cached_tokens"],
-            cache_write_tokens=row["cache_write_tokens"], cost_usd=row["cost_usd"],
+            cache_write_tokens=row["cache_write_tokens"],
+            estimated_requests=row["estimated_requests"], cost_usd=row["cost_usd"],
             histogram=histogram_from_json(row["latency_histogram"]),
             error_classes=Counter(json.loads(row["error_classes"])))
     cursor.execute(f"SELECT * FROM daily_decisions WHERE {where}", params)

@@ -105,11 +105,11 @@ def roll_day(cursor: Any, db: Database, day: str) -> None:
         totals.setdefault(key, Aggregate()).add_row(row, exact=False)
     cursor.executemany(sql(
         "INSERT INTO daily_usage (day, group_name, caller, serving_target, requests, errors, "
-        "input_tokens, output_tokens, cached_tokens, cache_write_tokens, cost_usd, "
-        "latency_histogram, error_classes) "
-        "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})",
+        "input_tokens, output_tokens, cached_tokens, cache_write_tokens, estimated_requests, "
+        "cost_usd, latency_histogram, error_classes) "
+        "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})",
         db), [(*key, t.requests, t.errors, t.input_tokens, t.output_tokens, t.cached_tokens,
-               t.cache_write_tokens, t.cost_usd, t.histogram_json(),
+               t.cache_write_tokens, t.estimated_requests, t.cost_usd, t.histogram_json(),
                json.dumps(dict(sorted(t.error_classes.items()))))
               for key, t in sorted(totals.items())])
     cursor.executemany(sql(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from sidecar.billing import Rates, Usage
@@ -70,6 +70,26 @@ class RequestResult:
     cache_write_tokens: int | None = None  # prompt-cache writes (Anthropic)
 
 
+REPORTED, ESTIMATED = "reported", "estimated"
+
+
+def usage_charged(result: RequestResult,
+                  estimate: tuple[int, int] | None) -> tuple[RequestResult, str | None]:
+    """The tokens a request is charged with, and where they come from: the provider's usage
+    when it reported any; when a served reply's usage could not be read (a compressed
+    body, a stream the caller cut before its usage, a provider that ignores
+    `stream_options`), the decision's estimate — its input, and its output budget as the
+    output (the cap, or the group's `output_budget_tokens`) — never nothing.
+    `estimate`: (input tokens, output budget). `result` itself is never changed."""
+    if result.input_tokens is not None or result.output_tokens is not None:
+        return result, REPORTED
+    served = result.serving_target is not None and (
+        200 <= result.status < 300 or result.error_class == "client_cancel")
+    if not served or estimate is None:
+        return result, None
+    return replace(result, input_tokens=estimate[0], output_tokens=estimate[1]), ESTIMATED
+
+
 @dataclass(slots=True)
 class RequestRow:
     request_id: str
@@ -113,6 +133,7 @@ class RequestRow:
     external: str | None = None    # strategy: external: answered, or why it fell back
     cache: str | None = None       # response cache: hit, miss, bypass (no-store)
     cache_write_tokens: int | None = None  # prompt-cache writes (input_tokens includes them)
+    usage_source: str | None = None  # reported, estimated (usage_charged), or none served
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +175,15 @@ class DecisionRecord(NamedTuple):
     term_value: float | None
     final_share: float | None
     observations: int | None
+    # What a served reply without readable usage is charged (usage_charged).
+    estimate: tuple[int, int] | None = None
+
+
+def estimate_of(summary: RequestSummary | None) -> tuple[int, int] | None:
+    """(estimated input tokens, output budget) of a request, for usage_charged."""
+    if summary is None:
+        return None
+    return summary.estimated_input_tokens, summary.output_budget
 
 
 def decision_record(facts: DecisionFacts) -> tuple:
@@ -166,7 +196,8 @@ def decision_record(facts: DecisionFacts) -> tuple:
         shape = request_shape_buckets(facts.summary) if facts.summary is not None else {}
         return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
                 facts.cache, facts.traceparent, "", None, (), shape, None, (), [], 0, None,
-                "not_applicable", None, None, None, None, None, None, None)
+                "not_applicable", None, None, None, None, None, None, None,
+                estimate_of(facts.summary))
     selected = outcome.primary.label if isinstance(outcome, Decision) else None
     figures = trace.figures(selected) if selected is not None else None
     shape = trace.request_shape
@@ -178,7 +209,8 @@ def decision_record(facts: DecisionFacts) -> tuple:
             tuple(map(str, trace.prompt_features)) if trace.prompt_features else (),
             trace.exclusions,
             trace.candidate_count, trace.reasoning, str(trace.affinity), trace.probe,
-            trace.external, selected, *(figures or (None, None, None, None)))
+            trace.external, selected, *(figures or (None, None, None, None)),
+            estimate_of(facts.summary))
 
 
 def result_record(result: RequestResult) -> tuple:
@@ -228,6 +260,9 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
     """One row from a decision and/or its outcome (either may be missing: `join` says)."""
     assert decision is not None or result is not None
     d = decision
+    source = None
+    if result is not None:
+        result, source = usage_charged(result, d.estimate if d is not None else None)
     scores = d.scores if d is not None else None
     shape = dict(d.request_shape) if d is not None else {}
     reasoning = (d.reasoning or {}) if d is not None else {}
@@ -277,6 +312,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         traceparent=valid_traceparent(d.traceparent) if d is not None else None,
         external=d.external if d is not None else None,
         cache=d.cache if d is not None else None,
+        usage_source=source,
     )
 
 

@@ -69,6 +69,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE request_rows ADD COLUMN cache_write_tokens BIGINT",
         "ALTER TABLE daily_usage ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0",
     )),
+    (6, (  # usage charged by estimate when none could be read (issue #28)
+        "ALTER TABLE request_rows ADD COLUMN usage_source TEXT",
+        "ALTER TABLE daily_usage ADD COLUMN estimated_requests BIGINT NOT NULL DEFAULT 0",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.

@@ -81,3 +81,39 @@ def test_a_token_quota_cannot_be_streamed_around(fresh: Stack) -> None:
         served += 1
         time.sleep(0.3)  # the ledger counts a stream when its access-log batch arrives
     assert 1 <= served <= 5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_without_readable_usage_is_charged_an_estimate_not_nothing(
+        fresh: Stack, stream: bool) -> None:
+    """The row says so (`usage_source: estimated`): the request's estimated input and its
+    output budget (here its cap, 40) as tokens, and their cost."""
+    from sidecar.devstack.provider_behaviours import behaviour
+
+    fresh.behave("o1", behaviour("no_usage"))
+    started = time.time()
+    reply = fresh.openai.chat.completions.create(model="priced", messages=prompt(),
+                                                 max_tokens=40, stream=stream)
+    if stream:
+        list(reply)
+    else:
+        assert reply.usage is None
+    row = fresh.row("priced", started)
+    assert row["usage_source"] == "estimated"
+    assert row["output_tokens"] == 40 and row["input_tokens"] > 0
+    assert row["cost_usd"] == pytest.approx(
+        (row["input_tokens"] * 1.25 + 40 * 10) / 1e6)
+    fresh.behave("o1", Behaviour())
+    started = time.time()
+    fresh.openai.chat.completions.create(model="priced", messages=prompt())
+    assert fresh.row("priced", started)["usage_source"] == "reported"
+
+
+def test_a_synthesized_responses_stream_reports_its_usage(fresh: Stack) -> None:
+    """A Responses stream says its usage in `response.completed`, under `response`."""
+    started = time.time()
+    with fresh.openai.responses.stream(model="bridged-claude", input="hello") as events:
+        final = events.get_final_response()
+    row = fresh.row("bridged-claude", started)
+    assert row["usage_source"] == "reported"
+    assert row["output_tokens"] == final.usage.output_tokens

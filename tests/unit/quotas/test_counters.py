@@ -105,3 +105,39 @@ def test_quota_config_errors_name_their_path() -> None:
         config(GROUPS + CALLERS.replace("premium: {", "nope: {"))
     with pytest.raises(ConfigError, match=r"need observations\.enabled"):
         config(GROUPS + CALLERS + "observations: {enabled: false}\n")
+
+
+def test_a_served_reply_without_usage_is_charged_the_decisions_estimate() -> None:
+    """Issue #28: a reply whose usage could not be read used to cost the quota nothing."""
+    cfg = config(GROUPS + CALLERS)
+    quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
+    ledger = QuotaLedger(cfg, quotas, max_age_s=60, clock=ManualClock(0.0),
+                         wall_clock=ManualClock(MIDNIGHT))
+    ledger.admitted("r1", "team", "basic")
+    ledger.expect("r1", (300, 100))
+    ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok"))  # no usage read
+    ledger.admitted("r2", "team", "basic")
+    ledger.expect("r2", (300, 100))
+    ledger.finished(RequestResult("r2", 503, "p/cheap", 1, "server_error"))  # not served
+    ledger.expect("never-admitted", (1, 1))  # only admitted requests are remembered
+    day = int(MIDNIGHT // 86_400)
+    assert quotas.counters[("team", "*", "tokens_per_day", day)].unsynced == 400
+    spend = quotas.counters[("team", "*", "spend_per_day_usd", day)].unsynced
+    assert spend == pytest.approx((300 * 100 + 100 * 400) / 1e6)
+
+
+def test_usage_charged_is_the_providers_when_it_said_and_an_estimate_when_served_silent():
+    from sidecar.telemetry.rows import usage_charged
+
+    reported = RequestResult("r", 200, "p/m", 1, "ok", output_tokens=7)
+    assert usage_charged(reported, (300, 100)) == (reported, "reported")
+    silent = RequestResult("r", 200, "p/m", 1, "ok")
+    charged, source = usage_charged(silent, (300, 100))
+    assert (charged.input_tokens, charged.output_tokens, source) == (300, 100, "estimated")
+    assert silent.input_tokens is None  # never changed
+    cancelled = RequestResult("r", 0, "p/m", 1, "client_cancel")
+    assert usage_charged(cancelled, (300, 100))[1] == "estimated"
+    for unserved in (RequestResult("r", 503, "p/m", 1, "server_error"),
+                     RequestResult("r", 401, None, 0, "ok")):
+        assert usage_charged(unserved, (300, 100)) == (unserved, None)
+    assert usage_charged(silent, None) == (silent, None)

@@ -47,6 +47,7 @@ def test_usage_by_target_matches_hand_computed_figures(conn) -> None:
     a, b = report(conn, "usage", ALL, by="target")
     assert a == {"target": "p/a", "requests": 3, "errors": 0, "input_tokens": 310,
                  "output_tokens": 31, "cached_tokens": 0, "cache_write_tokens": 0,
+                 "estimated_requests": 0,
                  "cost_usd": 0.0035,
                  "latency_p50_ms": 300.0, "latency_p95_ms": 400.0, "latency_p99_ms": 400.0,
                  "error_classes": {}}
