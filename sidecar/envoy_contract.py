@@ -39,6 +39,13 @@ def bridge_cluster_name(group: str, index: int, provider: str, caller: str) -> s
 # cluster that stripped it would hide it from the next attempt.
 CALLER_API_HEADER = "x-sidecar-caller-api"
 
+# The configuration a request was decided with, as an opaque tag (a random value per
+# configuration the sidecar loads): a retry after a reload is rewritten by that
+# configuration, its targets' `model_ref`s, not the new one's. Like the caller-API marker
+# it stays on the request (header changes carry over between attempts, so a cluster that
+# stripped it would hide it from the next attempt's hook); it names nothing.
+GENERATION_HEADER = "x-sidecar-generation"
+
 # Observations: the gRPC access log's name, and where Envoy puts the provider's usage.
 ACCESS_LOG_NAME = "sidecar_observations"
 ATTEMPT_LOG_NAME = "sidecar_attempts"

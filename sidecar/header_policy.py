@@ -66,6 +66,20 @@ def forwarded_request_headers(config: SidecarConfig) -> frozenset[str]:
     return REQUEST_ALLOWLIST | extras | frozenset(ROUTING_ONLY_HEADERS)
 
 
+# Forwarded headers that cannot change what a provider answers (framing, negotiation, ids).
+_NEUTRAL_REQUEST_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding",
+                                      "accept", "user-agent", "x-request-id",
+                                      *ROUTING_ONLY_HEADERS})
+
+
+def answer_varying_headers(config: SidecarConfig) -> tuple[str, ...]:
+    """The caller headers that reach a provider and may change its answer (the dialects'
+    version and beta headers, every provider's `pass_request_headers`): part of the
+    response cache's key, so a cached answer is never served to a request that would have
+    been answered differently."""
+    return tuple(sorted(forwarded_request_headers(config) - _NEUTRAL_REQUEST_HEADERS))
+
+
 def cluster_stripped_headers(config: SidecarConfig, provider: str) -> tuple[str, ...]:
     """What `provider`'s cluster removes beyond credentials: the routing-only headers, and
     extra names other providers pass that `provider` must not receive."""

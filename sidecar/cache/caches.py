@@ -54,9 +54,10 @@ class ResponseCaches:
     def __contains__(self, group: str) -> bool:
         return group in self.stores
 
-    def key(self, group: str, caller: str, dialect: Dialect,
-            payload: Mapping[str, Any]) -> bytes:
-        return cache_key(group, None if self._shared[group] else caller, dialect, payload)
+    def key(self, group: str, caller: str, dialect: Dialect, payload: Mapping[str, Any],
+            headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+        return cache_key(group, None if self._shared[group] else caller, dialect, payload,
+                         headers)
 
     def lookup(self, group: str, key: bytes) -> CachedAnswer | None:
         return self.stores[group].get(key)

@@ -40,7 +40,8 @@ def cache_visit(caches: ResponseCaches | None, telemetry: DecisionSink | None, p
     if (summary.stream or session or stateful
             or not (pending.cache_lookup or pending.cache_store)):
         return CacheVisit("bypass")
-    key = caches.key(model, pending.caller.name, pending.dialect, payload)
+    key = caches.key(model, pending.caller.name, pending.dialect, payload,
+                     pending.varying_headers)
     if pending.cache_lookup:
         answer = caches.lookup(model, key)
         if answer is not None:

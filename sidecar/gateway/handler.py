@@ -26,6 +26,7 @@ from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import (
     CACHE_SLOT_HEADER,
     CALLER_API_HEADER,
+    GENERATION_HEADER,
     SESSION_KEY_HEADER,
     USAGE_UNASKED_HEADER,
 )
@@ -147,10 +148,12 @@ class Gateway:
                           anthropic)
         control = headers.get("cache-control")
         lookup, store = cache_directives(control) if control else (True, True)
+        varying = tuple((name, headers[name]) for name in self._runtime.varying_headers
+                        if name in headers)
         return Pending(caller, dialect, "anthropic-version" in headers,
                        SESSION_HEADER in headers, headers.get("x-request-id", ""),
                        headers.get("traceparent", ""), session_id, lookup, store,
-                       self._runtime)
+                       self._runtime, varying)
 
     def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask:
         runtime = pending.runtime or self._runtime
@@ -262,6 +265,7 @@ class Gateway:
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
             *(runtime.stream_attempt_headers if summary.stream else runtime.attempt_headers)[
                 model],
+            (GENERATION_HEADER, runtime.generation),
         ]
         if anthropic and not pending.has_anthropic_version:
             set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
@@ -282,8 +286,13 @@ class Gateway:
                              "header; Envoy's bootstrap should withhold them")
         path = headers.get(":path", "")
         refused = RetargetError("no such cluster")
-        # A request that started before a reload retries on the clusters it was given.
-        for runtime in (self._runtime, *self._retired):
+        # A request that started before a reload retries with the configuration it was
+        # decided with (its targets, their model_refs), else the newest that knows the
+        # cluster.
+        generation = headers.get(GENERATION_HEADER)
+        runtimes = sorted((self._runtime, *self._retired),
+                          key=lambda runtime: runtime.generation != generation)
+        for runtime in runtimes:
             try:
                 return attempt_route(runtime, cluster, path, headers.get(CALLER_API_HEADER))
             except RetargetError as exc:

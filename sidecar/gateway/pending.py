@@ -30,3 +30,6 @@ class Pending:
     # The configuration the request started with: a reload meanwhile does not change its
     # routing (operations/reload.py).
     runtime: Runtime | None = None
+    # The caller headers that reach the provider and may change its answer, (name, value)
+    # by name: part of a response-cache key (cache/keys.py).
+    varying_headers: tuple[tuple[str, str], ...] = ()

@@ -10,6 +10,7 @@ can be read, and keeps nothing."""
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -19,7 +20,11 @@ from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.secrets import SecretError, caller_digest, credential_value
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import ROUTE_CLASS_HEADER, bridge_cluster_name, target_cluster_name
-from sidecar.header_policy import credential_headers, forwarded_request_headers
+from sidecar.header_policy import (
+    answer_varying_headers,
+    credential_headers,
+    forwarded_request_headers,
+)
 from sidecar.routing.router import Router
 
 
@@ -103,6 +108,9 @@ class Runtime:
     def __init__(self, config: SidecarConfig, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
         self.config = config
+        # Which configuration decided a request (GENERATION_HEADER): random, so it says
+        # nothing of when or how often the sidecar reloaded.
+        self.generation = secrets.token_hex(8)
         self.router = Router(config)
         problems: list[str] = []
         self.callers_by_digest: dict[str, Caller] = {}
@@ -151,6 +159,7 @@ class Runtime:
                 self._add_processed(config, group_name, index, target, group.bridges,
                                     group.caches_responses)
         self.forwarded_headers = forwarded_request_headers(config)
+        self.varying_headers = answer_varying_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
         # bootstrap is not the rendered one, and a key reached the sidecar.
         self.credential_headers = frozenset(credential_headers(config))

@@ -169,6 +169,24 @@ def test_the_anthropic_sdk_gets_hits_too(fresh) -> None:
     assert providers.provider("both").received[0].path.endswith("/messages")
 
 
+def test_a_beta_header_that_reaches_the_provider_is_part_of_the_key(fresh) -> None:
+    """Issue #28: `anthropic-beta` changes what the provider does, so a request with another
+    beta is not answered from the cache of one without it."""
+    up, providers, _ = fresh
+    client = anthropic.Anthropic(base_url=up.base_url, api_key=TOKENS["team-a"], max_retries=0)
+    text = unique("beta")
+    marks = []
+    for beta in (None, "output-128k-2025-02-19", "output-128k-2025-02-19"):
+        raw = client.messages.with_raw_response.create(
+            model="cached", max_tokens=64, messages=[{"role": "user", "content": text}],
+            extra_headers={"anthropic-beta": beta} if beta else None)
+        marks.append(raw.headers.get("x-sidecar-cache"))
+    assert marks == ["miss", "miss", "hit"]
+    assert received(providers) == 2
+    assert providers.provider("both").received[1].headers["anthropic-beta"] == (
+        "output-128k-2025-02-19")
+
+
 def test_an_answer_after_a_fallback_is_cached(fresh) -> None:
     up, providers, _ = fresh
     providers.provider("both").behaviour.status = 503

@@ -288,3 +288,30 @@ models:
                       {"model": "one", "messages": []})
     assert len(outcome.attempts) == 1
     assert dict(outcome.set_headers)["x-envoy-max-retries"] == "0"
+
+
+def test_a_retry_after_a_reload_is_rewritten_by_the_configuration_it_was_decided_with() -> None:
+    """Issue #28 (docs/reload.md §3): a request under way finishes on its own configuration;
+    its retry used the new configuration's model_ref."""
+    two = """
+providers: {{a: {{base_url: "http://127.0.0.1:9/v1"}}, b: {{base_url: "http://127.0.0.1:8/v1"}}}}
+callers: [{{name: a, token_sha256: {digest}}}]
+models: {{g: {{strategy: failover, targets: [{{provider: a, model_ref: first}},
+                                             {{provider: b, model_ref: {ref}}}]}}}}
+"""
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    old = Runtime(load_config_text(two.format(digest=digest, ref="old-ref")), {})
+    gateway = Gateway(old)
+    decided = forward(gateway, "/v1/chat/completions", {"model": "g", "messages": []})
+    generation = dict(decided.set_headers)["x-sidecar-generation"]
+    assert generation == old.generation
+    new = Runtime(load_config_text(two.format(digest=digest, ref="new-ref")), {})
+    gateway.swap(new, None, None)
+    retry = {":path": "/v1/chat/completions", "x-sidecar-generation": generation}
+    route = gateway.on_attempt_headers(decided.attempts[1], retry)
+    assert not isinstance(route, Reply) and route.model_ref == "old-ref"
+    fresh_retry = gateway.on_attempt_headers(decided.attempts[1], {
+        ":path": "/v1/chat/completions", "x-sidecar-generation": new.generation})
+    assert fresh_retry.model_ref == "new-ref"  # type: ignore[union-attr]
+    unknown = gateway.on_attempt_headers(decided.attempts[1], {":path": "/v1/chat/completions"})
+    assert unknown.model_ref == "new-ref"  # type: ignore[union-attr]  # the newest knows it

@@ -102,3 +102,26 @@ def test_an_answer_is_stored_under_its_slot_once() -> None:
     assert not caches.store(slot, b"{}", "application/json")
     assert caches.lookup("g", key).body == b"{}"
     assert not caches.store("unknown-slot", b"{}", "application/json")
+
+
+def test_a_header_that_can_change_the_answer_is_part_of_the_key() -> None:
+    """Issue #28: `anthropic-beta` reaches the provider and changes what it does, but two
+    requests differing only in it shared a cached answer."""
+    from sidecar.cache.keys import cache_key
+    from sidecar.config import load_config_text
+    from sidecar.dialects.apis import Dialect
+    from sidecar.header_policy import answer_varying_headers
+
+    body = {"model": "g", "messages": [{"role": "user", "content": "hi"}]}
+    plain = cache_key("g", "c", Dialect.ANTHROPIC_MESSAGES, body)
+    beta = cache_key("g", "c", Dialect.ANTHROPIC_MESSAGES, body,
+                     (("anthropic-beta", "prompt-caching-2024-07-31"),))
+    other = cache_key("g", "c", Dialect.ANTHROPIC_MESSAGES, body,
+                      (("anthropic-beta", "output-128k-2025-02-19"),))
+    assert len({plain, beta, other}) == 3
+    config = load_config_text("""
+providers: {p: {base_url: "http://127.0.0.1:9/v1", pass_request_headers: [x-tenant]}}
+models: {g: {targets: [{provider: p, model_ref: m}]}}
+""")
+    assert answer_varying_headers(config) == ("anthropic-beta", "anthropic-version",
+                                              "openai-beta", "x-tenant")
