@@ -10,6 +10,9 @@ The stack is `sidecar up --config` (real sidecar, real Envoy) with fake provider
 4. gRPC port: random and protocol-breaking frame sequences, each on a fresh connection.
 5. Client listener: malformed HTTP and hostile JSON bodies through Envoy.
 After every phase the stack must still serve a real request.
+6. The surfaces of the second pass (issue 28, bench/hostile_surfaces.py), on a second stack
+   at `--log-level debug`: quotas streamed around, hostile answers through bridges, duplicate
+   `model` members, emoji bodies, hostile configuration files, secrets in the debug log.
 
 Usage:  .venv/bin/python bench/hostile.py [--output bench/results/hostile.md] [--seed N]
 Loopback only; it stops every process it starts.
@@ -29,7 +32,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import hostile_surfaces
 import httpx
+from hostile_surfaces import channel_token, rss_mb, serves
 
 from sidecar.devstack.harness import ProviderThread, UpProcess, pid_alive
 from sidecar.devstack.providers import FakeProvider
@@ -39,13 +44,6 @@ TOKEN = "hostile-run-caller-token"
 EXT_PROC = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 ACCESS_LOG = b"/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
 MiB = 1024 * 1024
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Peak:
@@ -296,14 +294,6 @@ def hostile_body(rng: random.Random) -> bytes:
     return b'{"model": "g", "messages": [], "x": 1e999999}'
 
 
-def serves(up: UpProcess) -> bool:
-    response = httpx.post(f"{up.base_url}/v1/chat/completions",
-                          headers={"authorization": f"Bearer {TOKEN}"},
-                          json={"model": "g", "messages": [{"role": "user", "content": "hi"}]},
-                          timeout=10)
-    return response.status_code == 200
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path)
@@ -324,21 +314,19 @@ def main() -> int:
         up = UpProcess(["--config", str(config)], log_path=workdir / "up.log")
         with up.running():
             pid = int(up.banner_value(r"sidecar pid (\d+)"))
-            bootstrap = Path(up.banner_value(r"Envoy config: (\S+)")).read_text()
-            channel_token = re.search(r"x-sidecar-channel-token\s+value: (\S+)", bootstrap)
             start_mb = rss_mb(pid)
             peak = Peak(pid)
             grpc_port = up.ext_proc_port
 
             def after(phase: str, detail: object) -> None:
                 peak.sample()
-                ok = pid_alive(pid) and serves(up)
+                ok = pid_alive(pid) and serves(up, TOKEN)
                 rows.append((phase, json.dumps(detail), "yes" if ok else "NO"))
                 print(f"{phase}: {detail}; still serving: {ok}", flush=True)
 
             memory_attack(grpc_port, peak, None)
             after("16 x 32 MiB messages, no token", {"peak_rss_mb": round(peak.mb, 1)})
-            token = channel_token.group(1) if channel_token else None
+            token = channel_token(up)
             insider = Peak(pid)
             memory_attack(grpc_port, insider, token)
             peak.mb = max(peak.mb, insider.mb)
@@ -353,6 +341,7 @@ def main() -> int:
             status = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/status").json()
             end_mb = rss_mb(pid)
         log_bytes = (workdir / "up.log").stat().st_size
+    surfaces, _ = hostile_surfaces.run(args.seed)
     lines = ["# Hostile run (bench/hostile.py)", "",
              "| phase | figures | stack still serving |", "| --- | --- | --- |",
              *(f"| {phase} | `{detail}` | {ok} |" for phase, detail, ok in rows), "",
@@ -360,12 +349,17 @@ def main() -> int:
              f"{end_mb:.1f} MB at the end",
              f"- gRPC port counters: `{json.dumps(status.get('grpc', {}))}`",
              f"- log written during the run (sidecar and Envoy): {log_bytes / 1024:.0f} KiB",
-             f"- crashes: {'none' if all(ok == 'yes' for _, _, ok in rows) else 'SEE ABOVE'}"]
+             f"- crashes: {'none' if all(ok == 'yes' for _, _, ok in rows) else 'SEE ABOVE'}",
+             "", "## Second pass (issue 28): a stack at `--log-level debug`", "",
+             "| attack | figures | as wanted, stack still serving |", "| --- | --- | --- |",
+             *(f"| {name} | `{json.dumps(figures)}` | {'yes' if ok else 'NO'} |"
+               for name, figures, ok in surfaces)]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.output:
         args.output.write_text(report)
-    return 0 if all(ok == "yes" for _, _, ok in rows) else 1
+    passed = all(ok == "yes" for _, _, ok in rows) and all(ok for _, _, ok in surfaces)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ OpenAI then adds to every other chunk (platform.openai.com/docs/api-reference/ch
 `stream_options`). Everything else passes byte for byte, as it arrives.
 
 Lua, because it edits a stream's chunks as they pass without holding them: an event cut
-across two chunks waits for its rest (at most one event), which the caller could not have
-parsed anyway. A matcher on the marker skips the filter for every other request.
+across two chunks waits for its rest (at most one event, at most MAX_CARRY_BYTES), which
+the caller could not have parsed anyway; an unfinished event at the very end of a stream is
+dropped, as every SSE parser (the WHATWG rules, the OpenAI SDK) drops it. The edited
+stream's length is no longer the provider's, so a declared content-length is removed.
+A matcher on the marker skips the filter for every other request.
 """
 
 from __future__ import annotations
@@ -58,16 +61,23 @@ local function unasked(events)
 end
 
 function envoy_on_response(handle)
-  local kind = string.lower(handle:headers():get("content-type") or "")
+  local headers = handle:headers()
+  local kind = string.lower(headers:get("content-type") or "")
   if string.find(kind, "text/event-stream", 1, true) == nil then return end
+  -- The edited stream is shorter than a declared length: the caller would wait for the rest.
+  headers:remove("content-length")
   local carry = ""
   for chunk in handle:bodyChunks() do
     local whole, rest = split(carry .. chunk:getBytes(0, chunk:length()))
+    if #rest > %d then whole, rest = whole .. rest, "" end
     carry = rest
     chunk:setBytes(unasked(whole))
   end
 end
 """
+# A cut event longer than this is no usage chunk (those are a few hundred bytes): it passes
+# unedited rather than be held.
+MAX_CARRY_BYTES = 1024 * 1024
 
 
 def unasked_usage_filter() -> HttpFilter:
@@ -75,6 +85,6 @@ def unasked_usage_filter() -> HttpFilter:
     the response path)."""
     marked = request_header(USAGE_UNASKED_HEADER, StringMatcher(safe_regex=RegexMatcher(
         google_re2=RegexMatcherGoogleRe2(), regex=".+")))
-    script = Lua(default_source_code=DataSource(inline_string=_SCRIPT))
+    script = Lua(default_source_code=DataSource(inline_string=_SCRIPT % MAX_CARRY_BYTES))
     return skipped_when(negated(marked), "sidecar.strip_unasked_usage", "envoy.filters.http.lua",
                         Any.pack(script))

@@ -231,6 +231,22 @@ def bridge_response_headers(rewrite: Rewrite) -> ext.ProcessingResponse:
     return response
 
 
+def bridge_empty_answer(headers: Rewrite, answer: Rewrite) -> ext.ProcessingResponse:
+    """Headers that end the stream, and the body their translation gives (an error in the
+    caller's dialect for an empty 2xx): CONTINUE_AND_REPLACE puts a body where none came.
+    The answer's headers win over the header rewrite's."""
+    response = ext.ProcessingResponse()
+    common = response.response_headers.response
+    common.status = ext.CommonResponse.CONTINUE_AND_REPLACE
+    chosen = dict(headers.set_headers) | dict(answer.set_headers)
+    common.header_mutation.set_headers.extend(_set(tuple(chosen.items())))
+    common.header_mutation.remove_headers.extend(
+        name for name in (*headers.remove_headers, *answer.remove_headers) if name not in chosen)
+    if answer.body is not None:
+        common.body_mutation.body = answer.body
+    return response
+
+
 def bridge_response_body(rewrite: Rewrite) -> ext.ProcessingResponse:
     """The translated answer; header changes still apply (the body was buffered, so the
     headers have not left Envoy yet)."""

@@ -245,8 +245,14 @@ class ProcessStream:
             return messages.bridge_request(rewrite), False
         if kind == "response_headers":
             headers = messages.header_map(request.response_headers)
-            return messages.bridge_response_headers(
-                bridging.response_headers(attempt, headers)), False
+            rewrite = bridging.response_headers(attempt, headers)
+            if request.response_headers.end_of_stream:
+                # No body will follow (an empty answer): translate it now, or the caller
+                # would get an empty 200 in the wrong dialect.
+                answer = bridging.response_body(attempt, b"", time.time, self._gateway.sessions,
+                                                self._gateway.store_answer)
+                return messages.bridge_empty_answer(rewrite, answer), True
+            return messages.bridge_response_headers(rewrite), False
         if kind == "response_body":
             return messages.bridge_response_body(bridging.response_body(
                 attempt, request.response_body.body, time.time, self._gateway.sessions,

@@ -124,7 +124,7 @@ def response_body(attempt: BridgeAttempt, body: bytes, clock: Callable[[], float
                   store: Callable[[str, bytes, str], object] | None = None) -> Rewrite:
     """`store(slot, answer)`: keep a cache miss's answer as the caller receives it."""
     if attempt.bridge.passthrough:
-        if attempt.storable and store is not None and attempt.cache_slot:
+        if attempt.storable and store is not None and attempt.cache_slot and body:
             store(attempt.cache_slot, body, attempt.content_type)
         # The whole body is here (a reply of undeclared length too): its length lets
         # Envoy's usage reader read it (observation_filters.py), as for any other reply.

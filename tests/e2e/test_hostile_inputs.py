@@ -84,11 +84,12 @@ def test_two_model_members_are_refused_in_the_callers_dialect(fresh) -> None:
 
 @pytest.mark.parametrize("status", [200, 400])
 @pytest.mark.parametrize("answer", [b"[" * 5000 + b"]" * 5000, b"<html>bad gateway</html>",
-                                    b'{"unexpected": true}'])
+                                    b'{"unexpected": true}', b""])
 def test_a_hostile_answer_through_a_bridge_is_an_error_in_the_callers_dialect(
         fresh, status: int, answer: bytes) -> None:
     """It was a 500 "internal routing error" with a traceback for the nested answer, and
-    the target's dialect for garbage."""
+    the target's dialect for garbage; an empty 200 (no body for the bridge to translate)
+    reached the caller as an empty 200."""
     up, fakes = fresh
     fakes["claude"].behaviour = (Behaviour(raw_body=answer) if status == 200
                                  else Behaviour(status=status, error_body=answer))

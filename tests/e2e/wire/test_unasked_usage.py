@@ -117,3 +117,27 @@ def test_a_synthesized_responses_stream_reports_its_usage(fresh: Stack) -> None:
     row = fresh.row("bridged-claude", started)
     assert row["usage_source"] == "reported"
     assert row["output_tokens"] == final.usage.output_tokens
+
+
+def test_a_stream_of_declared_length_is_edited_without_leaving_the_caller_waiting(
+        fresh: Stack) -> None:
+    """A stream sent whole with a content-length (as a buffering proxy in front of a
+    provider sends it): the edited stream is shorter, and with the provider's length kept
+    the caller waited for bytes that never came. An unfinished last event is dropped, as
+    every SSE parser drops it."""
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    events = [{"id": "x", "choices": [{"index": 0, "delta": {"content": "Hi"}}], "usage": None},
+              {"id": "x", "choices": [], "usage": usage}]
+    raw = "".join(f"data: {json.dumps(event, separators=(',', ':'))}\n\n" for event in events)
+    fresh.behave("o1", Behaviour(raw_body=(raw + "data: [DONE]\n\ndata: {\"cut").encode(),
+                                 content_type="text/event-stream"))
+    started = time.time()
+    with httpx.stream("POST", fresh.up.base_url + "/v1/chat/completions", timeout=10,
+                      headers={"authorization": f"Bearer {TOKEN}"},
+                      json={"model": "priced", "messages": prompt(), "stream": True}) as reply:
+        assert reply.status_code == 200
+        body = reply.read().decode()
+    assert body == ('data: {"id":"x","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+                    "data: [DONE]\n\n")
+    row = fresh.row("priced", started)
+    assert (row["input_tokens"], row["output_tokens"]) == (9, 3)
