@@ -6,10 +6,11 @@ log can hold. Each attack reproduces an observation of the issue:
    100-token daily limit (usage is sent in a stream only when asked).
 2. Provider answers nested 5,000 deep, HTML, garbage or of the wrong shape, through a bridge
    in both directions: each must be an error in the caller's dialect, never a 500.
-3. Bodies with two top-level `model` members on every endpoint.
+3. Bodies with two top-level `model` (or `stream`) members on every endpoint.
 4. 3.6 MB of emoji under a 4 MiB limit, native, bridged and on a cache miss.
-5. Configuration files nested 20,000 deep, a FIFO, 17 MiB, and two 10 MB parses: each a
-   rejected, counted reload that never blocks; the watch then applies a good edit; RSS after.
+5. Configuration files nested 20,000 deep, a FIFO, 17 MiB, two 10 MB parses and aliases
+   that expand a 106 KB file to 10^10 values: each a rejected, counted reload that never
+   blocks; the watch then applies a good edit; RSS after.
 6. The log at debug level searched for the channel token, the admin token, provider keys and
    caller tokens (and their SHA-256).
 
@@ -106,7 +107,7 @@ def run(seed: int) -> tuple[list[tuple[str, dict, bool]], dict[str, object]]:
                   bridged_answers(up, providers),
                   lambda f: f["in_the_callers_dialect"] == f["cases"]
                   and "500" not in f["statuses"])
-            after("two top-level model members", duplicate_models(up),
+            after("two top-level model (or stream) members", duplicate_models(up),
                   lambda f: f["statuses"] == {"400": f["requests"]})
             after("3.6 MB of emoji under a 4 MiB limit", emoji_bodies(up),
                   lambda f: set(f["statuses"].values()) == {200})
@@ -115,6 +116,7 @@ def run(seed: int) -> tuple[list[tuple[str, dict, bool]], dict[str, object]]:
                       "status": 422, "seconds": f["fifo_reload"]["seconds"]}
                   and f["fifo_reload"]["seconds"] < 5 and f["17_mib_reload_status"] == 422
                   and f["10_mb_reload_statuses"] == [422, 422]
+                  and f["alias_bomb_reload"]["status"] == 422
                   and f["good_edit_applied_by_watch"])
         log = log_path.read_text(errors="replace")
     canaries = [TOKEN, QUOTA_TOKEN, ADMIN_TOKEN, channel, *KEYS.values()]
@@ -226,15 +228,17 @@ def _json(answer: httpx.Response) -> object:
 
 
 def duplicate_models(up: UpProcess) -> dict:
-    body = b'{"model": "g", "max_tokens": 8, "messages": [], "model": "to-claude"}'
+    bodies = (b'{"model": "g", "max_tokens": 8, "messages": [], "model": "to-claude"}',
+              b'{"model": "g", "max_tokens": 8, "stream": false, "messages": [], "stream": true}')
     statuses: Counter[str] = Counter()
     with httpx.Client(timeout=30) as client:
         for path, headers in (("/v1/chat/completions", {"authorization": f"Bearer {TOKEN}"}),
                               ("/v1/messages", ANTHROPIC_HEADERS),
                               ("/v1/responses", {"authorization": f"Bearer {TOKEN}"})):
-            answer = client.post(up.base_url + path, content=body,
-                                 headers={**headers, "content-type": "application/json"})
-            statuses[str(answer.status_code)] += 1
+            for body in bodies:
+                answer = client.post(up.base_url + path, content=body,
+                                     headers={**headers, "content-type": "application/json"})
+                statuses[str(answer.status_code)] += 1
     return {"requests": sum(statuses.values()), "statuses": dict(statuses)}
 
 
@@ -269,15 +273,31 @@ def hostile_configs(up: UpProcess, path: Path, good: str, pid: int) -> dict:
     path.unlink()
     path.write_bytes(b"models: {}\n" + b"#" * (17 * 1024 * 1024))
     figures["17_mib_reload_status"] = _reload(up).status_code
-    for _ in range(2):  # two 10 MB parses that fail validation (observed: 91 -> 234 MB)
-        path.write_text("models: [" + "1, " * 3_400_000 + "1]\n")
+    # Two 10 MB parses within the event budget that fail validation (observed: 91 -> 234 MB).
+    for _ in range(2):
+        path.write_text("models: [" + "\"xxxxxxxxxxxxxxxxxx\", " * 450_000 + "1]\n")
         figures.setdefault("10_mb_reload_statuses", []).append(_reload(up).status_code)
+    started = time.monotonic()
+    path.write_text(alias_bomb())
+    figures["alias_bomb_reload"] = {"status": _reload(up).status_code,
+                                    "seconds": round(time.monotonic() - started, 2)}
     applied = _reloads(up, "applied")
     path.write_text(good.replace("model_ref: m}", "model_ref: m, weight: 2}"))
     figures["good_edit_applied_by_watch"] = _until(lambda: _reloads(up, "applied") > applied)
     figures["rss_mb"] = {"before": round(rss_before, 1), "after": round(rss_mb(pid), 1)}
     figures["reloads_rejected"] = int(_reloads(up, "rejected") - rejected)
     return figures
+
+
+def alias_bomb() -> str:
+    """106 KB: 1,000 groups of the same 1,000 targets of the same 10,000 tags (observed:
+    2 GB in 15 s of validation, never ending)."""
+    tags = ", ".join(f"t{i}" for i in range(10_000))
+    return "\n".join([
+        "providers: {p: {base_url: 'http://127.0.0.1:9/v1', credential: null}}",
+        f"x-tags: &tags [{tags}]", "x-target: &target {provider: p, model_ref: m, tags: *tags}",
+        "x-targets: &targets [" + ", ".join(["*target"] * 1000) + "]", "models:",
+        *(f"  g{i}: {{targets: *targets}}" for i in range(1000))]) + "\n"
 
 
 def _reload(up: UpProcess) -> httpx.Response:

@@ -36,10 +36,16 @@ class BodyError(ValueError):
     """The body is not a JSON object; the message is safe to show the caller."""
 
 
-# Two top-level `model` members: JSON parsers disagree on which one counts (Python's and
-# most keep the last, some the first), so a provider could serve another model than the
-# router decided on. Refused, as ambiguous.
-DUPLICATE_MODEL = "Request body has more than one top-level 'model' member"
+# Two top-level members of one name: JSON parsers disagree on which one counts (Python's
+# and most keep the last, some the first), so a provider could serve another `model`, or
+# stream where the router decided on JSON. Refused, as ambiguous. (Nested duplicates are
+# not looked for: they change no decision the forwarded body depends on.)
+_NAME_SHOWN = 64
+
+
+def duplicate_member(name: str) -> BodyError:
+    shown = name if len(name) <= _NAME_SHOWN else name[:_NAME_SHOWN] + "..."
+    return BodyError(f"Request body has more than one top-level {shown!r} member")
 
 
 def _reject_constant(name: str) -> float:
@@ -180,8 +186,10 @@ def _string_end(raw: bytes, quote: int, budget: int) -> tuple[int, int]:
             raise _OverBudget
 
 
-def _is_model(key: bytes) -> bool:
-    return key == b'"model"' or (b"\\" in key and json.loads(key) == "model")
+def _member_name(key: bytes) -> str:
+    """The name a quoted member name stands for (escapes resolved only where there are any:
+    `"\\u006dodel"` is `model`)."""
+    return json.loads(key) if b"\\" in key else key[1:-1].decode("utf-8", "replace")
 
 
 def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
@@ -189,7 +197,7 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
     JSON (validity is checked after); raises _OverBudget past `budget` tokens."""
     depth = 0
     span: tuple[int, int] | None = None
-    seen_model = False
+    seen: set[str] = set()
     index = 0
     search, space = _TOKEN.search, _SPACE.match
     while (found := search(raw, index)) is not None:
@@ -204,10 +212,11 @@ def _top_level_model_span(raw: bytes, budget: int) -> tuple[int, int] | None:
                 colon = space(raw, end).end()
                 if raw[colon:colon + 1] == b":":  # a member name of the top-level object
                     value = space(raw, colon + 1).end()
-                    if _is_model(raw[index:end]):
-                        if seen_model:
-                            raise BodyError(DUPLICATE_MODEL)
-                        seen_model = True
+                    name = _member_name(raw[index:end])
+                    if name in seen:
+                        raise duplicate_member(name)
+                    seen.add(name)
+                    if name == "model":
                         span = None
                         if raw[value:value + 1] == b'"':
                             value_end, budget = _string_end(raw, value, budget)
@@ -250,9 +259,9 @@ def _parse_object(text: str) -> tuple[dict[str, Any], tuple[int, int] | None]:
             raise ValueError("expected ':'")
         start = _skip(text, index + 1)
         value, index = _SCAN(text, start)
+        if key in payload:
+            raise duplicate_member(key)
         if key == "model":
-            if "model" in payload:
-                raise BodyError(DUPLICATE_MODEL)
             span = (start, index) if isinstance(value, str) else None
         payload[key] = value
         index = _skip(text, index)

@@ -39,7 +39,7 @@ def _json_object(message: str) -> dict[str, object] | None:
         return None
     try:
         value = json.loads(message)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

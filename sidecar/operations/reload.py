@@ -76,6 +76,11 @@ class Reloader:
     _stamp: tuple[int, int, int] | None = None
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.Task[None] | None = None
+    # How long reading and checking may take before the reload is rejected. The file's
+    # bounds (config/loading.py) keep that to about a second; a stalled filesystem can
+    # still hold a read, so its thread is left to finish while later reloads are refused.
+    prepare_timeout_s: float = 30.0
+    _reading: asyncio.Future[tuple[SidecarConfig, Runtime] | list[str]] | None = None
 
     def __post_init__(self) -> None:
         self._stamp = _stamp(self.path)
@@ -85,7 +90,7 @@ class Reloader:
         serving), then swap on the loop. One reload at a time."""
         async with self._one_at_a_time:
             self._stamp = _stamp(self.path)
-            prepared = await asyncio.to_thread(self._prepare)
+            prepared = await self._prepared()
             if not isinstance(prepared, list):
                 config, runtime = prepared
                 for hook in self.before_swap:
@@ -122,6 +127,18 @@ class Reloader:
             return False
         self._stamp = stamp
         return True
+
+    async def _prepared(self) -> tuple[SidecarConfig, Runtime] | list[str]:
+        if self._reading is not None and not self._reading.done():
+            return ["the previous reload is still reading the file (a stalled filesystem?); "
+                    "try again once it ends"]
+        self._reading = asyncio.ensure_future(asyncio.to_thread(self._prepare))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._reading),
+                                          self.prepare_timeout_s)
+        except TimeoutError:
+            return [f"reading and checking the file took longer than "
+                    f"{self.prepare_timeout_s:g} s (a stalled filesystem?)"]
 
     def _prepare(self) -> tuple[SidecarConfig, Runtime] | list[str]:
         """The new configuration and its runtime, or the problems (as check-config

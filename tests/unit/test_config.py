@@ -224,3 +224,39 @@ def test_yaml_nested_to_death_is_a_problem_with_the_parsers_words() -> None:
         load_config_text("models: " + "[" * 20000 + "]" * 20000)
     with pytest.raises(ConfigError, match="line 5, column 1: did not find expected ',' or ']'"):
         load_config_text("models:\n  a:\n    targets: [\n  b: 1\n")
+
+
+def test_a_file_of_too_many_values_is_refused_before_it_is_built() -> None:
+    """At the size cap, a file of small values took 40 s to load; now it is counted first."""
+    import time
+
+    from sidecar.config.loading import MAX_CONFIG_EVENTS, ConfigError, load_config_text
+
+    text = "models: [" + "1, " * (MAX_CONFIG_EVENTS + 10) + "1]\n"
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="more than 1,000,000 YAML values"):
+        load_config_text(text)
+    assert time.monotonic() - started < 20  # about 1 s; a machine 4x slower still passes
+
+
+def test_aliases_that_expand_past_the_budget_are_refused() -> None:
+    """A 106 KB file of aliases to aliases (1,000 groups of the same 1,000 targets of the
+    same 10,000 tags) grew to 2 GB in 15 s under validation and never ended."""
+    from sidecar.config.loading import ConfigError, load_config_text
+
+    tags = ", ".join(f"t{i}" for i in range(10_000))
+    lines = ["providers: {p: {base_url: 'http://127.0.0.1:9/v1', credential: null}}",
+             f"x-tags: &tags [{tags}]",
+             "x-target: &target {provider: p, model_ref: m, tags: *tags}",
+             "x-targets: &targets [" + ", ".join(["*target"] * 1000) + "]", "models:",
+             *(f"  g{i}: {{targets: *targets}}" for i in range(1000))]
+    with pytest.raises(ConfigError, match="once its aliases are expanded"):
+        load_config_text("\n".join(lines) + "\n")
+
+
+def test_aliases_within_the_budget_still_work() -> None:
+    config = load_config_text(
+        "providers: {p: {base_url: 'http://127.0.0.1:9/v1', credential: null}}\n"
+        "models: {a: {targets: [&target {provider: p, model_ref: m}]}, "
+        "b: {targets: [*target]}}\n")
+    assert set(config.models) == {"a", "b"}
