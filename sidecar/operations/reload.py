@@ -77,7 +77,7 @@ class Reloader:
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.Task[None] | None = None
     # How long reading and checking may take before the reload is rejected. The file's
-    # bounds (config/loading.py) keep that to about a second; a stalled filesystem can
+    # bounds (config/loading.py) keep that to a few seconds; a stalled filesystem can
     # still hold a read, so its thread is left to finish while later reloads are refused.
     prepare_timeout_s: float = 30.0
     _reading: asyncio.Future[tuple[SidecarConfig, Runtime] | list[str]] | None = None

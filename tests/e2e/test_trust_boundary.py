@@ -8,6 +8,7 @@ Regression tests for issue 13's findings 1, 2 and 10 (each failed on the code be
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,12 @@ from grpc_health.v1 import health_pb2
 
 from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
 from sidecar.devstack.providers import Behaviour, FakeProvider
-from sidecar.envoy_contract import ACCESS_LOG_NAME, CLUSTER_ATTRIBUTE, target_cluster_name
+from sidecar.envoy_contract import (
+    ACCESS_LOG_NAME,
+    CLUSTER_ATTRIBUTE,
+    GENERATION_HEADER,
+    target_cluster_name,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -194,9 +200,13 @@ def test_caller_headers_reach_providers_only_by_allowlist(fresh: Stack) -> None:
     (first,) = fresh.providers.provider("first").received
     (second,) = fresh.providers.provider("second").received
     allowed = {"host", "content-type", "content-length", "accept", "user-agent", "x-request-id",
-               "anthropic-beta", "authorization", "x-api-key"}
+               "anthropic-beta", "authorization", "x-api-key",
+               # The gateway's own opaque tag of the deciding configuration (a retry must
+               # read it, docs/security.md): random, never a caller's text.
+               GENERATION_HEADER}
     for received in (first, second):
         assert set(received.headers) <= allowed, received.headers
+        assert re.fullmatch(r"[0-9a-f]{16}", received.headers[GENERATION_HEADER])
         assert received.headers["user-agent"] == "canary-agent"
         assert received.headers["anthropic-beta"] == "tools-2024"
         assert "caller" not in repr(received.headers)

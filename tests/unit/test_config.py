@@ -234,9 +234,9 @@ def test_a_file_of_too_many_values_is_refused_before_it_is_built() -> None:
 
     text = "models: [" + "1, " * (MAX_CONFIG_EVENTS + 10) + "1]\n"
     started = time.monotonic()
-    with pytest.raises(ConfigError, match="more than 1,000,000 YAML values"):
+    with pytest.raises(ConfigError, match="more than 250,000 YAML values"):
         load_config_text(text)
-    assert time.monotonic() - started < 20  # about 1 s; a machine 4x slower still passes
+    assert time.monotonic() - started < 20  # under 0.5 s; a machine 4x slower still passes
 
 
 def test_aliases_that_expand_past_the_budget_are_refused() -> None:
@@ -260,3 +260,4 @@ def test_aliases_within_the_budget_still_work() -> None:
         "models: {a: {targets: [&target {provider: p, model_ref: m}]}, "
         "b: {targets: [*target]}}\n")
     assert set(config.models) == {"a", "b"}
+
