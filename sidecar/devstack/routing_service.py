@@ -26,12 +26,14 @@ from sidecar.external.v1.router_pb2 import RankRequest, RankResponse
 @dataclass
 class RoutingBehaviour:
     """`answer(request)` gives the target labels; `delay_s` stalls first; `fail` answers
-    with an error (gRPC INTERNAL, HTTP 500) instead."""
+    with an error (gRPC INTERNAL, HTTP 500) instead; `raw_http` is a 200 body the HTTP
+    variant sends as it is (a hostile service's answer)."""
 
     answer: Callable[[RankRequest], list[str]] = field(
         default=lambda request: [c.label for c in reversed(request.candidates)])
     delay_s: float = 0.0
     fail: bool = False
+    raw_http: bytes | None = None
 
 
 class RoutingService:
@@ -101,7 +103,9 @@ class RoutingService:
                 self.received_json.append(request.body)
                 parsed = json_format.Parse(request.body, RankRequest())
                 answer = await self.rank(parsed)
-                if answer is None:
+                if self.behaviour.raw_http is not None:
+                    await respond(writer, 200, self.behaviour.raw_http)
+                elif answer is None:
                     await respond(writer, 500, json.dumps({"error": "failing"}).encode())
                 else:
                     await respond(writer, 200, json_format.MessageToJson(answer).encode())

@@ -165,6 +165,23 @@ def test_without_a_usable_answer_the_fallback_strategy_decides(fresh, group, beh
         assert took < 1.4
 
 
+@pytest.mark.parametrize("answer", [
+    b'{"targets": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",  # nested past any parser's depth
+    b'{"targets": ["' + b"x" * 100_000 + b'"]}',  # past the 64 KiB answer cap
+    b"<html>502 Bad Gateway</html>",
+    b'{"targets": {"not": "a list"}}',
+])
+def test_a_hostile_services_answer_is_an_error_and_the_fallback_decides(fresh, answer) -> None:
+    """Issue #28: every parser is bounded; an external service's answer is one."""
+    up, providers, service = fresh
+    service.behaviour = RoutingBehaviour(raw_http=answer)
+    before = outcomes(up).get(("by-http", "error"), 0)
+    ask(up, "by-http")
+    assert served(providers) == ["first"]
+    assert outcomes(up)[("by-http", "error")] == before + 1
+    assert "Traceback" not in up.log_path.read_text()
+
+
 def test_prompt_text_is_sent_only_to_a_group_that_opts_in(fresh) -> None:
     up, _providers, service = fresh
     ask(up, "by-grpc", f"please summarise {CANARY}")
