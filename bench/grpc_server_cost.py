@@ -28,8 +28,8 @@ from mode_runner import publish
 from wrk_load import run_wrk
 
 from sidecar.config import load_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import free_port
-from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.grpcwire.auth import ensure_channel_token

@@ -26,9 +26,9 @@ import httpx
 import yaml
 
 from sidecar.config import load_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import ProviderThread, free_port
 from sidecar.devstack.providers import FakeProvider
-from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.grpcwire.auth import ensure_channel_token

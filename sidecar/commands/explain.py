@@ -15,10 +15,14 @@ from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import Dialect
 from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.shape import request_shape
-from sidecar.gateway.handler import scan_limit
+from sidecar.gateway.handler import affinity_key, scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
 from sidecar.routing.router import Router
+
+# The caller a request is keyed for without --caller (pins are per caller, so the same
+# opening gives another key for another caller).
+EXPLAIN_CALLER = "explain"
 
 
 class ExplainError(Exception):
@@ -63,7 +67,11 @@ def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
         ceiling = match[0].spend_ceiling_usd
     group = config.models[group_name]
     shape = request_shape(dialect, payload, scan_limit(group))
-    summary = shape.summary(group_name, caller or "explain", dialect, ceiling)
+    caller_name = caller or EXPLAIN_CALLER
+    # As live traffic keys it, with no pin yet: a first turn's outcome (`miss_created`: the
+    # conversation would be pinned to the primary).
+    key = affinity_key(caller_name, group_name, group, dialect, payload)
+    summary = shape.summary(group_name, caller_name, dialect, ceiling, key)
     return Router(config).decide(summary, snapshot)
 
 
@@ -76,6 +84,18 @@ def as_json(outcome: Decision | NoEligibleTarget) -> str:
         document["refused"] = outcome.reason
     document["trace"] = outcome.trace.to_dict()
     return json.dumps(document, indent=2)
+
+
+def _affinity(outcome: Decision | NoEligibleTarget) -> str:
+    words = {"miss_created": "a new conversation: pinned to {primary} from this turn on",
+             "not_applicable": "not applicable: only dynamic_score groups pin, and only a "
+                               "request with a conversation opening outside a stateful "
+                               "session",
+             "disabled": "off for this group"}
+    outcome_name = outcome.trace.affinity
+    primary = outcome.primary.label if isinstance(outcome, Decision) else "-"
+    text = words.get(outcome_name, "").format(primary=primary)
+    return f"{outcome_name} ({text})" if text else outcome_name
 
 
 def as_table(outcome: Decision | NoEligibleTarget) -> str:
@@ -95,6 +115,7 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
         "thresholds_relaxed": trace.thresholds_relaxed or None,
         "require_tags_relaxed": trace.require_tags_relaxed or None,
         "reasoning": trace.reasoning,
+        "affinity": _affinity(outcome),
     }
     lines += [f"{key}: {value}" for key, value in details.items() if value]
     if trace.blend:

@@ -1,8 +1,9 @@
 """Configuration models: providers, targets, model groups, callers, server limits.
 
 One pydantic model per YAML block; every default is declared here and nowhere else.
-Cross-references (a target's provider, a caller's groups) are checked in `SidecarConfig`
-so that `check-config` reports every problem with its YAML path.
+Cross-references (a target's provider, a script rule's targets, a caller's groups) are
+checked after validation, in references.py, so that `check-config` reports every problem
+with its YAML path, also those of the blocks that did validate beside one that did not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, Field, field_validator, model_validator
 
 from sidecar.billing import Rates, rates
 from sidecar.config.catalog import BUILTIN_PROVIDERS
@@ -37,20 +38,10 @@ from sidecar.config.fields import (
     bounded,
 )
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
-from sidecar.config.quotas import CallerQuotas, QuotaSettings, quota_errors
+from sidecar.config.quotas import CallerQuotas, QuotaSettings
 from sidecar.config.service_settings import Limits, Observations, Sessions, Telemetry
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import target_cluster_name
-
-
-class ConfigReferenceError(ValueError):
-    """A value that is well-formed on its own but names something that does not exist."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.message = message
 
 
 def _check_base_url(value: str) -> str:
@@ -212,24 +203,9 @@ class ModelGroup(StrictModel):
     # ineligible for that request).
     bridges: bool = False
 
-    @model_validator(mode="after")
-    def _script_names_its_targets(self) -> ModelGroup:
-        if self.strategy == "script" and self.script is None:
-            raise ValueError("strategy: script needs a 'script' block with rules")
-        if self.strategy == "external" and self.external is None:
-            raise ValueError("strategy: external needs an 'external' block with the url")
-        if self.script is None:
-            return self
-        labels = {f"{t.provider}/{t.model_ref}" for t in self.targets}
-        for i, rule in enumerate(self.script.rules):
-            named = list(rule.order or [])
-            for selector in (rule.require, rule.exclude, rule.prefer):
-                named += selector.targets if selector else []
-            unknown = [label for label in named if label not in labels]
-            if unknown:
-                raise ValueError(f"script.rules[{i}]: no target {unknown[0]!r} in this group "
-                                 f"(targets: {', '.join(sorted(labels))})")
-        return self
+    # That `strategy: script` has its `script` block (and `external` its `external`) and that
+    # the rules name targets of the group are cross-references (references.py): checked
+    # rule by rule, also when another part of the group is invalid.
 
     @model_validator(mode="after")
     def _bridges_need_no_native_filter(self) -> ModelGroup:
@@ -275,12 +251,49 @@ class Caller(StrictModel):
         return "*" in self.models or group in self.models
 
 
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
+
+
+def is_group_name(name: str) -> bool:
+    return _GROUP_NAME.fullmatch(name) is not None
+
+
+def _group_name(name: str) -> str:
+    if not is_group_name(name):
+        raise ValueError("a group name must start with a letter or digit and use only "
+                         "letters, digits and . _ : / @ -")
+    return name
+
+
+# A key type, so a bad name is reported at its own path and hides no problem of any group.
+GroupName = Annotated[str, AfterValidator(_group_name)]
+
+
+def merge_catalog(data: Any) -> Any:
+    """`data` with its `providers:` entries layered over the built-in catalog, key by key.
+    A new `base_url` also drops the catalog's `dialect_base_urls`, which belong to the
+    catalog's host. Anything but a mapping (with a mapping or nothing under `providers`) is
+    returned as it is, for validation to report."""
+    if not isinstance(data, dict):
+        return data
+    declared = data.get("providers") or {}
+    if not isinstance(declared, dict):
+        return data
+    merged: dict[str, Any] = {name: dict(entry) for name, entry in BUILTIN_PROVIDERS.items()}
+    for name, entry in declared.items():
+        if isinstance(entry, dict) and name in merged:
+            base = merged[name]
+            if "base_url" in entry:
+                base.pop("dialect_base_urls", None)
+            merged[name] = {**base, **entry}
+        else:
+            merged[name] = entry
+    return {**data, "providers": merged}
 
 
 class SidecarConfig(StrictModel):
     providers: dict[str, Provider] = Field(default_factory=dict)
-    models: dict[str, ModelGroup] = Field(min_length=1)
+    models: dict[GroupName, ModelGroup] = Field(min_length=1)
     callers: list[Caller] = Field(default_factory=list)
     limits: Limits = Limits()
     observations: Observations = Observations()
@@ -291,96 +304,7 @@ class SidecarConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _merge_catalog(cls, data: Any) -> Any:
-        """Layer `providers:` entries over the built-in catalog, key by key. A new `base_url`
-        also drops the catalog's `dialect_base_urls`, which belong to the catalog's host."""
-        if not isinstance(data, dict):
-            return data
-        declared = data.get("providers") or {}
-        if not isinstance(declared, dict):
-            return data
-        merged: dict[str, Any] = {name: dict(entry) for name, entry in BUILTIN_PROVIDERS.items()}
-        for name, entry in declared.items():
-            if isinstance(entry, dict) and name in merged:
-                base = merged[name]
-                if "base_url" in entry:
-                    base.pop("dialect_base_urls", None)
-                merged[name] = {**base, **entry}
-            else:
-                merged[name] = entry
-        return {**data, "providers": merged}
-
-    @field_validator("models")
-    @classmethod
-    def _group_names(cls, value: dict[str, ModelGroup]) -> dict[str, ModelGroup]:
-        for name in value:
-            if not _GROUP_NAME.match(name):
-                raise ValueError(
-                    f"group name '{name}' must start with a letter or digit and use only "
-                    "letters, digits and . _ : / @ -"
-                )
-        return value
-
-    def reference_errors(self) -> list[ConfigReferenceError]:
-        """Every dangling or contradictory reference, each with its YAML path."""
-        errors: list[ConfigReferenceError] = []
-        for group_name, group in self.models.items():
-            for index, target in enumerate(group.targets):
-                path = f"models.{group_name}.targets[{index}]"
-                provider = self.providers.get(target.provider)
-                if provider is None:
-                    known = ", ".join(sorted(self.providers))
-                    errors.append(ConfigReferenceError(
-                        f"{path}.provider",
-                        f"unknown provider '{target.provider}' (declare it under providers:; "
-                        f"known: {known})",
-                    ))
-                elif target.api is not None and target.api not in provider.dialects:
-                    errors.append(ConfigReferenceError(
-                        f"{path}.api",
-                        f"provider '{target.provider}' does not speak '{target.api}' "
-                        f"(it speaks: {', '.join(provider.dialects)})",
-                    ))
-            if sum(target.weight for target in group.targets) == 0 and group.strategy != "failover":
-                errors.append(ConfigReferenceError(
-                    f"models.{group_name}.targets", "at least one target needs a weight above 0"
-                ))
-        message_timeout = self.limits.sidecar_message_timeout_ms
-        for group_name, group in self.models.items():
-            if group.external and group.external.timeout_ms + 100 > message_timeout:
-                errors.append(ConfigReferenceError(
-                    f"models.{group_name}.external.timeout_ms",
-                    f"must be at least 100 ms below limits.sidecar_message_timeout_ms "
-                    f"({message_timeout}): Envoy would give up on the sidecar first",
-                ))
-        clusters: dict[str, str] = {}
-        for group_name in self.models:
-            cluster = target_cluster_name(group_name, 0, "x")
-            if cluster in clusters:
-                errors.append(ConfigReferenceError(
-                    f"models.{group_name}",
-                    f"group names '{clusters[cluster]}' and '{group_name}' differ only in "
-                    "characters Envoy cluster names cannot hold (. : / @); rename one",
-                ))
-            clusters.setdefault(cluster, group_name)
-        for index, caller in enumerate(self.callers):
-            for group_name in caller.models:
-                if group_name != "*" and group_name not in self.models:
-                    errors.append(ConfigReferenceError(
-                        f"callers[{index}].models",
-                        f"unknown model group '{group_name}'",
-                    ))
-        for index, caller in enumerate(self.callers):
-            errors.extend(quota_errors(f"callers[{index}].quotas", caller.quotas, self.models,
-                                       self.observations.enabled))
-        seen: dict[str, int] = {}
-        for index, caller in enumerate(self.callers):
-            if caller.name in seen:
-                errors.append(ConfigReferenceError(
-                    f"callers[{index}].name",
-                    f"duplicate caller name '{caller.name}' (also callers[{seen[caller.name]}])",
-                ))
-            seen.setdefault(caller.name, index)
-        return errors
+        return merge_catalog(data)
 
     @property
     def observation_retention_seconds(self) -> int:

@@ -120,6 +120,11 @@ class DynamicScorePolicy(StrictModel):
     signals: Signals = Signals()
     score_terms: list[ScoreTerm] = Field(default_factory=list)
     thresholds: Thresholds = Thresholds()
+    # What `thresholds.max_p95_latency_ms` and `latency_score` compare: the observed p95
+    # latency, as the SPEC says (the default), or `work_normalized`, the p95 on equal work
+    # (p95 TTFB + a 256-token reply at the p95 time per output token), which does not count
+    # against a target the long-output requests it happens to receive (docs/dynamic-score.md).
+    latency_basis: Literal["observed_p95", "work_normalized"] = "observed_p95"
 
 
 class RoutingPolicy(StrictModel):

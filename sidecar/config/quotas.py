@@ -3,7 +3,6 @@ docs/quotas.md."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field
@@ -46,25 +45,3 @@ class QuotaSettings(StrictModel):
     # A replica's room past the last total it read, per request limit and round.
     slice_percent: Annotated[PositiveFloat, bounded(0.1, 100)] = 10.0
     key_prefix: str = "sidecar:quota:"
-
-
-def quota_errors(path: str, quotas: CallerQuotas | None, groups: Mapping[str, object],
-                 observations_enabled: bool) -> list:
-    """Unknown groups in `per_group`; token and spend limits without the access log that
-    counts them."""
-    from sidecar.config.models import ConfigReferenceError
-
-    if quotas is None:
-        return []
-    errors = []
-    for group in quotas.per_group:
-        if group not in groups:
-            errors.append(ConfigReferenceError(f"{path}.per_group",
-                                               f"unknown model group '{group}'"))
-    counted = [quotas, *quotas.per_group.values()]
-    if not observations_enabled and any(
-            q.tokens_per_day is not None or q.spend_per_day_usd is not None for q in counted):
-        errors.append(ConfigReferenceError(
-            path, "tokens_per_day and spend_per_day_usd are counted from Envoy's access log: "
-                  "they need observations.enabled: true"))
-    return errors

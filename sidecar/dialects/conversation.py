@@ -33,10 +33,12 @@ _SYSTEM_ROLES = ("system", "developer")
 
 
 # Strings longer than this enter the key as their own SHA-256 (a data-URL image is hashed
-# once, not copied into a canonical document), taken over their length and their first and
-# last `_SAMPLE` characters: the work per request stays bounded however large the image.
+# once, not copied into a canonical document), over their length and every character: the
+# SPEC's key is over the complete first message. Hashed in slices of `_SLICE` characters,
+# so a long string is never copied whole into bytes (a 1 MB opening costs about 1 ms,
+# bench/affinity_key_cost.py; the body it came in is bounded by the request-body limit).
 _LONG = 1024
-_SAMPLE = 32 * 1024
+_SLICE = 64 * 1024
 # The canonical JSON encoder, built once (`json.dumps` with these options builds one per call).
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -56,12 +58,11 @@ def _compact(value: Any) -> Any:
 
 
 def _long_string_digest(value: str) -> str:
+    """SHA-256 of the length and the UTF-8 of the whole string (lone surrogates, which JSON
+    escapes can carry, pass through: slicing between code points changes no byte)."""
     digest = hashlib.sha256(str(len(value)).encode())
-    if len(value) <= 2 * _SAMPLE:
-        digest.update(value.encode("utf-8", "surrogatepass"))
-    else:
-        digest.update(value[:_SAMPLE].encode("utf-8", "surrogatepass"))
-        digest.update(value[-_SAMPLE:].encode("utf-8", "surrogatepass"))
+    for start in range(0, len(value), _SLICE):
+        digest.update(value[start:start + _SLICE].encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 

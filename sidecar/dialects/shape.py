@@ -17,6 +17,9 @@ from sidecar.routing.request import DEFAULT_OUTPUT_TOKENS, Reasoning, RequestSum
 
 _IMAGE_PARTS = {"image_url", "image", "input_image"}
 _TEXT_PARTS = {"text", "input_text", "output_text"}
+# The output formats that constrain a reply (`text` does not): what `structured_output`
+# can hold, and so what routing, traces and the external routing API can name.
+STRUCTURED_OUTPUT_KINDS = ("json_object", "json_schema")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,7 @@ def _structured(kind: Any) -> str | None:
     """JSON mode or a JSON schema: the formats that constrain the output (`text` does not).
     Chat's `response_format`, Responses' `text.format`, Messages' `output_config.format`
     (and the older beta `output_format`) all name them alike."""
-    return kind if kind in ("json_object", "json_schema") else None
+    return kind if kind in STRUCTURED_OUTPUT_KINDS else None
 
 
 def _dict(value: Any) -> dict[str, Any]:

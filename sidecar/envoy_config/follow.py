@@ -24,12 +24,13 @@ ADDRESSES_FILE = "addresses.json"
 
 
 def start_xds(config: SidecarConfig, addresses: EnvoyAddresses, channel_token: str | None,
-              directory: Path) -> tuple[str, XdsFiles]:
+              directory: Path, listening: bool = True) -> tuple[str, XdsFiles]:
     """Publish the first CDS and LDS into `directory`, record the addresses, and return the
-    bootstrap (YAML) that reads them, with the publisher."""
+    bootstrap (YAML) that reads them, with the publisher. Not `listening`: the listener
+    waits for `XdsFiles.publish_listeners`."""
     xds = XdsFiles(directory)
     document = rendered_document(config, addresses, channel_token)
-    xds.publish(document)
+    xds.publish(document, listening)
     (directory / ADDRESSES_FILE).write_text(json.dumps(dataclasses.asdict(addresses)))
     (directory / ADDRESSES_FILE).chmod(0o600)
     return bootstrap_yaml(dynamic_bootstrap(document, directory)), xds

@@ -67,6 +67,7 @@ class XdsFiles:
         self.directory = directory
         self.version = 0
         self._current: dict[str, dict[str, Any]] = {}
+        self._listeners: list[dict[str, Any]] = []
 
     @classmethod
     def resume(cls, directory: Path) -> XdsFiles:
@@ -83,10 +84,12 @@ class XdsFiles:
             pass
         return files
 
-    def publish(self, document: dict[str, Any]) -> list[str]:
+    def publish(self, document: dict[str, Any], listening: bool = True) -> list[str]:
         """Write the target clusters and listener of `document` (a full static bootstrap),
         keeping the previous publication's clusters one more round. Returns the names of
-        the clusters Envoy must have before the sidecar may route to them."""
+        the clusters Envoy must have before the sidecar may route to them. Not `listening`:
+        the listener is held back until `publish_listeners` (an Envoy that starts before
+        its sidecar takes no client traffic yet)."""
         static = document["static_resources"]
         clusters = {c["name"]: c for c in static["clusters"] if c["name"] not in STATIC_CLUSTERS}
         published = {**self._current, **clusters}
@@ -95,9 +98,16 @@ class XdsFiles:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         _write_atomically(self.directory / CDS_FILE, self._response(
             CLUSTER_TYPE, list(published.values())))
+        self._listeners = static["listeners"]
         _write_atomically(self.directory / LDS_FILE, self._response(
-            LISTENER_TYPE, static["listeners"]))
+            LISTENER_TYPE, self._listeners if listening else []))
         return list(clusters)
+
+    def publish_listeners(self) -> None:
+        """The listener the last `publish` held back."""
+        self.version += 1
+        _write_atomically(self.directory / LDS_FILE, self._response(
+            LISTENER_TYPE, self._listeners))
 
     def _response(self, type_url: str, resources: list[dict[str, Any]]) -> str:
         body = {"version_info": str(self.version),

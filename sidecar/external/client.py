@@ -17,6 +17,7 @@ from google.protobuf import json_format
 
 from sidecar.config.models import SidecarConfig
 from sidecar.config.strategy_policies import ExternalPolicy
+from sidecar.dependency_names import service_url
 from sidecar.external.query import QueryBuilder
 from sidecar.external.v1.router_pb2 import RankRequest, RankResponse
 from sidecar.grpcwire.ratelimit import LogLimiter
@@ -94,13 +95,14 @@ class HttpRanker:
 
 
 class _Group:
-    __slots__ = ("build", "policy", "ranker", "waiting")
+    __slots__ = ("build", "policy", "ranker", "waiting", "where")
 
     def __init__(self, policy: ExternalPolicy, build: QueryBuilder, ranker: Ranker) -> None:
         self.policy = policy
         self.build = build
         self.ranker = ranker
         self.waiting = 0
+        self.where = service_url(policy.url)  # for log lines: no query (it may hold a key)
 
 
 class ExternalCalls:
@@ -152,8 +154,8 @@ class ExternalCalls:
             raise
         except Exception as exc:
             failure = _failure(exc)
-            _limited.warning("external_failed", "external routing service of group %s: %s",
-                             group, failure[1])
+            _limited.warning("external_failed", "external routing service of group %s "
+                             "(%s): %s", group, state.where, failure[1])
             return ExternalAnswer(failure=failure[0])
         finally:
             state.waiting -= 1

@@ -187,7 +187,8 @@ class Gateway:
                                   payload) if group.bridges else None)
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
-                                _conversation_key(pending, model, group, payload), refusal,
+                                affinity_key(pending.caller.name, model, group, pending.dialect,
+                                             payload, pending.stateful_session), refusal,
                                 group.output_budget_tokens)
         session = (bool(pending.session_id) and pending.dialect is Dialect.OPENAI_CHAT
                    and model in runtime.session_routes)
@@ -360,15 +361,16 @@ class Gateway:
         return Reply(200, single_model(name, anthropic))
 
 
-def _conversation_key(pending: Pending, model: str, group: ModelGroup,
-                      payload: dict) -> bytes | None:
+def affinity_key(caller: str, model: str, group: ModelGroup, dialect: Dialect,
+                 payload: dict, stateful_session: bool = False) -> bytes | None:
     """Only dynamic-score groups with affinity on pin conversations; explicit stateful
-    sessions (session header, Responses `previous_response_id`) never touch affinity."""
+    sessions (session header, Responses `previous_response_id`) never touch affinity.
+    Shared with `sidecar explain`, so it shows the outcome live traffic would have."""
     if group.strategy != "dynamic_score" or not group.dynamic_score.affinity.enabled:
         return None
-    if pending.stateful_session or payload.get("previous_response_id") is not None:
+    if stateful_session or payload.get("previous_response_id") is not None:
         return None
-    return conversation_key(pending.caller.name, model, pending.dialect, payload)
+    return conversation_key(caller, model, dialect, payload)
 
 
 def scan_limit(group: ModelGroup) -> int:

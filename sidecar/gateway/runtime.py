@@ -4,8 +4,8 @@ bounds as the Envoy headers that carry them.
 
 Provider keys are not here: Envoy injects them per target cluster
 (envoy_config/credentials.py), so the sidecar never holds a key it could hand out.
-`provider_key_problems` only checks, for start-up and `check-config --secrets`, that each key
-can be read, and keeps nothing."""
+`provider_key_problems` only checks, for start-up, that each key can be read, and keeps
+nothing (config/secrets.py, which also checks for `check-config --secrets` and a reload)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 from sidecar.bridge.registry import Translator, processed_routes
 from sidecar.config.models import Caller, SidecarConfig, Target
-from sidecar.config.secrets import SecretError, caller_digest, credential_value
+from sidecar.config.references import config_view
+from sidecar.config.secrets import caller_digests, unreadable_provider_keys
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import ROUTE_CLASS_HEADER, bridge_cluster_name, target_cluster_name
 from sidecar.header_policy import (
@@ -92,16 +93,7 @@ def provider_key_problems(config: SidecarConfig,
     """Each provider key a target needs that cannot be read, named by where it was
     expected (variable or file), never by value. The values read are dropped at once."""
     environ = os.environ if environ is None else environ
-    problems = []
-    for name in sorted({t.provider for g in config.models.values() for t in g.targets}):
-        credential = config.providers[name].credential
-        if credential is None:
-            continue
-        try:
-            credential_value(credential, environ)
-        except SecretError as exc:
-            problems.append(f"providers.{name}.credential: {exc}")
-    return problems
+    return [str(problem) for problem in unreadable_provider_keys(config_view(config), environ)]
 
 
 class Runtime:
@@ -112,20 +104,10 @@ class Runtime:
         # nothing of when or how often the sidecar reloaded.
         self.generation = secrets.token_hex(8)
         self.router = Router(config)
-        problems: list[str] = []
-        self.callers_by_digest: dict[str, Caller] = {}
-        for index, caller in enumerate(config.callers):
-            try:
-                digest = caller_digest(caller, environ)
-            except SecretError as exc:
-                problems.append(f"callers[{index}] ({caller.name}): {exc}")
-                continue
-            if digest in self.callers_by_digest:
-                problems.append(f"callers[{index}] ({caller.name}): same token as "
-                                f"'{self.callers_by_digest[digest].name}'")
-            self.callers_by_digest[digest] = caller
+        self.callers_by_digest: dict[str, Caller]
+        self.callers_by_digest, problems = caller_digests(config.callers, environ)
         if problems:
-            raise StartupError(problems)
+            raise StartupError([str(problem) for problem in problems])
         # Keyed by (group, target index, dialect): the path depends on the dialect the
         # caller speaks; the cluster does not (providers are single-origin).
         self.routes: dict[tuple[str, int, Dialect], TargetRoute] = {}

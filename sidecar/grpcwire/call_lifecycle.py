@@ -59,6 +59,7 @@ class CallLifecycle:
     _peer_initial_window: int
     _stream_window: int
     _authenticated: bool
+    carries_peer_calls: bool
     _unauthenticated_calls: int
     _open_method_calls: int
     _loop: asyncio.AbstractEventLoop | None
@@ -118,6 +119,9 @@ class CallLifecycle:
                 if not self._authenticated:
                     self._authenticated = True
                     server.unauthenticated.pop(self, None)  # type: ignore[call-overload]
+            if not self.carries_peer_calls:
+                self.carries_peer_calls = True
+                server.peers_seen += 1
         if factory is None:
             self._refuse(call, UNIMPLEMENTED, f"unknown method {path[:200].decode('latin-1')}")
             return

@@ -58,6 +58,9 @@ class Connection(FrameReader, MessageSplitter, CallLifecycle, ReceiveCredit, Con
         # What a peer without the channel token may cost (flood.py, call_lifecycle.py).
         self._authenticated = server.auth is None
         self._unauthenticated_calls = 0
+        # Whether a call other than health has come on this connection (with the channel
+        # token, when one is required): one of Envoy's connections (GrpcServer.peers_open).
+        self.carries_peer_calls = False
         self._open_method_calls = 0
         clock = self._clock = server.clock
         now = clock()

@@ -53,8 +53,17 @@ class GrpcServer:
         self.connections: set[Connection] = set()
         # Connections that have made no authenticated call yet, oldest first (with `auth`).
         self.unauthenticated: dict[Connection, None] = {}
+        # Connections that ever carried a call other than health: Envoy's (a drain without
+        # an Envoy admin to ask ends once every one of them has closed: operations/drain.py).
+        self.peers_seen = 0
         self.port = 0
         self._listener: asyncio.Server | None = None
+
+    @property
+    def peers_open(self) -> int:
+        """Open connections that have carried a call other than health (with the channel
+        token, when one is required): Envoy's. Health probes do not count."""
+        return sum(1 for connection in self.connections if connection.carries_peer_calls)
 
     def add_method(self, service: str, method: str, factory: HandlerFactory) -> None:
         path = f"/{service}/{method}".encode()

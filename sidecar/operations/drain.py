@@ -5,7 +5,12 @@ update, needs so that no request is cut.
    Envoy's health checks take the sidecar out of rotation).
 2. For `drain_seconds`, ext_proc streams in flight and new ones are served as before; with
    an Envoy of its own (`sidecar up`), Envoy is told to drain its listeners and the drain
-   ends early once Envoy has no request left.
+   ends early once Envoy has no request left. Without one (`serve`), the drain ends early
+   once Envoy has gone: every connection that carried its calls has closed and no stream
+   is in flight, so no request can arrive any more (compose stops Envoy before the
+   sidecar; in a pod, Envoy exits after its preStop wait). A sidecar that no Envoy has
+   called yet cannot tell a gone Envoy from an idle one, and serves the whole period, as
+   does the grpcio server, which does not show its connections.
 3. Then the sidecar stops, flushing telemetry on the way (RunningSidecar.stop).
 """
 
@@ -17,6 +22,7 @@ import time
 
 import httpx
 
+from sidecar.grpcwire import GrpcServer
 from sidecar.operations.assembly import RunningSidecar
 
 log = logging.getLogger("sidecar.drain")
@@ -34,7 +40,8 @@ async def drain(sidecar: RunningSidecar, drain_seconds: float,
     log.info("draining: health NOT_SERVING, serving what comes for up to %.0f s",
              drain_seconds)
     if envoy_admin is None:
-        await asyncio.sleep(drain_seconds)
+        ended = await _until_envoy_gone(sidecar, started + drain_seconds)
+        log.info("drained in %.1f s (%s)", time.monotonic() - started, ended)
         return
     async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
         try:
@@ -46,6 +53,21 @@ async def drain(sidecar: RunningSidecar, drain_seconds: float,
                 break
             await asyncio.sleep(0.1)
     log.info("drained in %.1f s", time.monotonic() - started)
+
+
+async def _until_envoy_gone(sidecar: RunningSidecar, deadline: float) -> str:
+    """Serve until `deadline`, or until the Envoy that called has closed every connection
+    with no stream left in flight. Says which ended the drain."""
+    server = sidecar.server
+    if not isinstance(server, GrpcServer):
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        return "the drain period"
+    while time.monotonic() < deadline:
+        if (server.peers_seen and server.peers_open == 0
+                and sidecar.processor.active_streams == 0):
+            return "Envoy has closed its connections"
+        await asyncio.sleep(0.1)
+    return "the drain period"
 
 
 async def _envoy_idle(client: httpx.AsyncClient, envoy_admin: str) -> bool:

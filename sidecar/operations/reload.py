@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.cache.caches import ResponseCaches
-from sidecar.config import ConfigError, load_config_file
+from sidecar.config.checks import check_config_file
 from sidecar.config.loading import release_freed_memory
 from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import SecretError
 from sidecar.external.client import ExternalCalls
-from sidecar.gateway.runtime import Runtime, StartupError, provider_key_problems
+from sidecar.gateway.runtime import Runtime, StartupError
 
 if TYPE_CHECKING:
     from sidecar.operations.assembly import RunningSidecar
@@ -141,17 +141,16 @@ class Reloader:
                     f"{self.prepare_timeout_s:g} s (a stalled filesystem?)"]
 
     def _prepare(self) -> tuple[SidecarConfig, Runtime] | list[str]:
-        """The new configuration and its runtime, or the problems (as check-config
+        """The new configuration and its runtime, or every problem (as check-config
         --secrets words them)."""
         try:
-            config = load_config_file(self.path)
+            checked = check_config_file(self.path, self.environ, caller_tokens=True,
+                                        provider_keys=self.check_keys)
+            if checked.config is None:
+                return [str(problem) for problem in checked.problems]
+            config = checked.config
             runtime = Runtime(config, self.environ)
-            problems = provider_key_problems(config, self.environ) if self.check_keys else []
-            if problems:
-                raise StartupError(problems)
-        except ConfigError as exc:
-            return [line.strip() for line in str(exc).splitlines()[1:]] or [str(exc)]
-        except StartupError as exc:
+        except StartupError as exc:  # a token file changed since the check
             return list(exc.problems)
         except (SecretError, OSError, ValueError) as exc:
             return [str(exc)]

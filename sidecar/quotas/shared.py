@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from sidecar.config.quotas import QuotaSettings
+from sidecar.dependency_names import redis_endpoint
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.quotas.counters import WINDOW_S, CounterKey, QuotaCounters
 
@@ -42,6 +43,7 @@ class RedisReconciler:
                                "model-group-sidecar[redis]") from None
         self._counters = counters
         self._prefix = settings.key_prefix
+        self.where = redis_endpoint(url)  # for log lines: host and port, no password
         self.interval_s = settings.reconcile_ms / 1000
         try:
             # No retries inside a round: the next round is the retry.
@@ -97,8 +99,9 @@ class RedisReconciler:
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
         if self.up or self.errors == 1:
-            _limited.warning("redis_down", "quota store unreachable (%s): admitting against "
-                             "this replica's own counters", type(exc).__name__)
+            _limited.warning("redis_down", "quota store %s unreachable (%s): admitting "
+                             "against this replica's own counters", self.where,
+                             type(exc).__name__)
         self.up = False
         self._counters.sliced = False
 

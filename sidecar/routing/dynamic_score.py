@@ -201,7 +201,7 @@ class DynamicScore:
                       for c, figure, warm, cost in zip(eligible, figures, hot, costs,
                                                        strict=True)]
         scores = score_candidates(candidates, self.policy.signals,
-                                  bucket.score if bucket else None)
+                                  bucket.score if bucket else None, self.policy.latency_basis)
         # Only warm targets move by score; a cold target's term value is not computed.
         values = [sum(t.evaluate(s) for t in matching) if matching and h else None
                   for s, h in zip(scores, hot, strict=True)]
@@ -307,7 +307,8 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
             continue
         if health is Health.PROBING:
             evidence = ejections.probe_evidence(choice.label, observations)
-            if ((evidence.count and threshold_violation(policy.thresholds, evidence))
+            if ((evidence.count and threshold_violation(policy.thresholds, evidence,
+                                                        policy.latency_basis))
                     or ejections.probe_overdue(choice.label, now, evidence.count)):
                 ejections.eject(choice.label, now)  # a failed probe: out for longer
             elif evidence.count >= PROBE_SUCCESSES:
@@ -335,7 +336,8 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
     kept: list[TargetChoice] = []
     removed: list[tuple[TargetChoice, str]] = []
     for choice in eligible:
-        violation = (threshold_violation(policy.thresholds, observed[choice.index])
+        violation = (threshold_violation(policy.thresholds, observed[choice.index],
+                                         policy.latency_basis)
                      if warm[choice.index] else None)
         if violation is None:
             kept.append(choice)
@@ -343,7 +345,8 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
             removed.append((choice, violation))
     if not kept and removed:
         survivor = least_bad(policy.thresholds, [
-            (c.index, c.target.weight, observed[c.index]) for c, _ in removed])
+            (c.index, c.target.weight, observed[c.index]) for c, _ in removed],
+            policy.latency_basis)
         kept = [c for c, _ in removed if c.index == survivor]
         removed = [(c, v) for c, v in removed if c.index != survivor]
         trace.thresholds_relaxed = True

@@ -44,6 +44,11 @@ class TargetObservations:
     # Seconds the provider still asked not to be called (`retry-after` on a 429).
     retry_after_s: float = 0.0
 
+    def latency_ms(self, basis: str) -> float | None:
+        """The latency thresholds and `latency_score` compare, by the group's
+        `latency_basis`: the observed p95, or the p95 on equal work."""
+        return self.work_latency_ms if basis == "work_normalized" else self.p95_latency_ms
+
     @property
     def work_latency_ms(self) -> float | None:
         """Latency on equal work: p95 time to first byte + a reference reply's generation at

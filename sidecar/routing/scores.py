@@ -5,8 +5,9 @@ whose inputs are unknown for a target, is the neutral 0.5 so it cannot decide an
 | --- | --- |
 | cost_score | cheapest estimated request cost / this target's cost (1 for the cheapest; |
 |            | a paid target scores 0 when another is free) |
-| latency_score | lowest work latency / this target's (warm targets only): p95 TTFB + 256 × |
-|               | p95 ms per output token, or the plain p95 where usage is not reported |
+| latency_score | lowest p95 latency / this target's (warm targets only); with        |
+|               | `latency_basis: work_normalized`, on equal work: p95 TTFB + 256 × p95 ms |
+|               | per output token, or the plain p95 where usage is not reported      |
 | throughput_score | this target's observed output tokens/s / the highest (warm targets only) |
 | reliability_score | 1 − min(1, error + timeout + fallback rates + ½ cancel rate) (warm only) |
 | complexity_score | request complexity points / 6, capped at 1 (same for every target) |
@@ -58,12 +59,13 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def score_candidates(candidates: Sequence[Candidate], signals: Signals,
-                     complexity_score: float | None) -> list[dict[str, float]]:
+                     complexity_score: float | None,
+                     latency_basis: str = "observed_p95") -> list[dict[str, float]]:
     """Every score of every candidate."""
     costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
     cheapest = min(costs) if costs else None
     warm = [c.observations for c in candidates if c.warm]
-    latencies = [o.work_latency_ms for o in warm if o.work_latency_ms is not None]
+    latencies = [latency for o in warm if (latency := o.latency_ms(latency_basis)) is not None]
     fastest = min(latencies) if latencies else None
     speeds = [o.output_tokens_per_s for o in warm if o.output_tokens_per_s is not None]
     top_speed = max(speeds) if speeds else None
@@ -80,9 +82,9 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
         if cost_enabled and candidate.cost_usd is not None and cheapest is not None:
             cost = _ratio(cheapest, candidate.cost_usd)
         if observed and candidate.warm:
-            work = obs.work_latency_ms
-            if work is not None and fastest is not None:
-                latency = _ratio(fastest, work)
+            observed_latency = obs.latency_ms(latency_basis)
+            if observed_latency is not None and fastest is not None:
+                latency = _ratio(fastest, observed_latency)
             if obs.output_tokens_per_s is not None and top_speed:
                 throughput = _ratio(obs.output_tokens_per_s, top_speed)
             failures = (obs.error_rate + obs.timeout_rate + obs.fallback_rate

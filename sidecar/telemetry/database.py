@@ -22,6 +22,9 @@ from sidecar.config.service_settings import Telemetry
 
 class Database(Protocol):
     placeholder: str
+    # What log lines call it (`SQLite at PATH`, `PostgreSQL at host:port/db`): never a
+    # password (sidecar/dependency_names.py).
+    where: str
 
     def open(self) -> None:
         ...
@@ -54,6 +57,7 @@ class SQLiteDatabase:
 
     def __init__(self, path: Path, read_only: bool = False, timeout_s: float = 5.0) -> None:
         self.path = path
+        self.where = f"SQLite at {path}"
         self._read_only = read_only
         self._timeout = timeout_s
         self._db: sqlite3.Connection | None = None

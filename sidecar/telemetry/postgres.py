@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from sidecar.dependency_names import postgres_endpoint
+
 CONNECT_TIMEOUT_S = 5
 STATEMENT_TIMEOUT_MS = 30_000
 
@@ -37,6 +39,7 @@ class PostgresDatabase:
                 "telemetry.postgres_dsn needs psycopg: "
                 "pip install 'model-group-sidecar[postgres]'") from None
         self._dsn = dsn
+        self.where = postgres_endpoint(dsn)  # host, port and database: no password
         self._max = max_connections
         self._pool: Any = None
 
@@ -62,7 +65,7 @@ class PostgresDatabase:
             pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
         except PoolTimeout:
             pool.close(timeout=1.0)
-            raise PostgresUnavailable("telemetry PostgreSQL did not accept a connection "
+            raise PostgresUnavailable(f"telemetry {self.where} did not accept a connection "
                                       f"within {CONNECT_TIMEOUT_S} s") from None
         self._pool = pool
 

@@ -39,6 +39,25 @@ class Maintenance:
     raw_rows_deleted: int = 0
     skipped_locked: bool = False
 
+    def __str__(self) -> str:
+        """What the run did, for the log line: `rolled up 1 day (2026-01-01), expired 0
+        days, deleted 0 raw rows`."""
+        rows = self.raw_rows_deleted
+        text = (f"rolled up {_days(self.rolled_up)}, expired {_days(self.expired)}, "
+                f"deleted {rows} raw row{'' if rows == 1 else 's'}")
+        if self.skipped_locked:
+            text += "; another replica is rolling up, the rest is left to it"
+        return text
+
+
+def _days(days: list[str]) -> str:
+    """`0 days`, `1 day (2026-01-01)`, `3 days (2026-01-01 to 2026-01-03)`."""
+    if not days:
+        return "0 days"
+    if len(days) == 1:
+        return f"1 day ({days[0]})"
+    return f"{len(days)} days ({min(days)} to {max(days)})"
+
 
 def maintain(db: Database, now: float, retention_days: int) -> Maintenance:
     """Roll up each finished day not rolled yet; a day past retention is rolled (again) and

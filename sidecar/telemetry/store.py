@@ -52,6 +52,11 @@ class TelemetryStore:
     def replica(self) -> str:
         return self._replica
 
+    @property
+    def where(self) -> str:
+        """The database, as log lines name it (no credentials)."""
+        return self.db.where
+
     def values(self, row: RequestRow | FallbackRow) -> tuple[bool, Values]:
         """A row object as `write_values` takes it: (is a request row, its values)."""
         if isinstance(row, FallbackRow):

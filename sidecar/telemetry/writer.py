@@ -42,6 +42,8 @@ _limited = LogLimiter(log, burst=1, interval=60.0)
 
 
 class Store(Protocol):
+    where: str  # the database, as log lines name it (no credentials)
+
     def open(self) -> None:
         ...
 
@@ -130,7 +132,8 @@ class TelemetryWriter:
         try:  # the schema exists from the start, not from the first row
             self._store.open()
         except Exception:
-            _limited.exception("telemetry_open", "telemetry store cannot be opened yet")
+            _limited.exception("telemetry_open", "telemetry store (%s) cannot be opened yet",
+                               self._store.where)
         self.opened.set()
         while True:
             stopping = self._stop.wait(self._flush)
@@ -141,7 +144,8 @@ class TelemetryWriter:
         try:
             self._store.close()
         except Exception:  # closing a broken store must not raise out of the thread
-            _limited.exception("telemetry_close", "telemetry store did not close cleanly")
+            _limited.exception("telemetry_close", "telemetry store (%s) did not close "
+                               "cleanly", self._store.where)
 
     def _drain(self, stopping: bool) -> None:
         """Write what is buffered now, a chunk at a time (rows arriving meanwhile wait for
@@ -170,12 +174,13 @@ class TelemetryWriter:
             done = self._store.maintain(time.time())
         except Exception:
             self.maintenance_runs["error"] += 1
-            _limited.exception("telemetry_maintain", "telemetry rollup/retention failed")
+            _limited.exception("telemetry_maintain", "telemetry rollup/retention on %s "
+                               "failed", self._store.where)
             with contextlib.suppress(Exception):
                 self._store.close()
             return
         self.maintenance_runs["ok"] += 1
-        log.info("telemetry maintenance: %s", done)
+        log.info("telemetry maintenance: %s", done)  # Maintenance words itself (rollup.py)
 
     def _rows(self, chunk: list[Any]) -> tuple[list[Values], list[Values]]:
         requests: list[Values] = []
@@ -196,8 +201,8 @@ class TelemetryWriter:
             self._store.write_values(requests, fallbacks)
         except Exception:
             self.dropped["write_error"] += rows
-            _limited.exception("telemetry_write", "telemetry batch of %d rows dropped",
-                               rows)
+            _limited.exception("telemetry_write", "telemetry batch of %d rows dropped (%s "
+                               "did not take it)", rows, self._store.where)
             with contextlib.suppress(Exception):
                 self._store.close()
             self._pause = min(30.0, max(0.5, self._pause * 2))

@@ -5,6 +5,7 @@ channel-token check (grpcwire/auth.py)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -118,6 +119,25 @@ def test_the_channel_token_opens_every_method(guarded: ServerThread) -> None:
         reply = client.unary(ECHO, b"hello", [(CHANNEL_TOKEN_HEADER, TOKEN)])
     assert reply.status == "0" and reply.messages() == [b"hello"]
     assert guarded.counters()["unauthenticated_calls"] == 0
+
+
+def test_only_connections_with_token_calls_count_as_envoys(guarded: ServerThread) -> None:
+    """What a drain without an Envoy admin waits for (operations/drain.py): connections that
+    carried a call with the channel token. Health probes and refused calls do not count."""
+    async def peers() -> tuple[int, int]:
+        return guarded.server.peers_seen, guarded.server.peers_open
+
+    with H2Client(guarded.port) as client:
+        health = health_pb2.HealthCheckRequest(service="").SerializeToString()
+        assert client.unary(HEALTH, health).status == "0"
+        assert client.unary(ECHO, b"x", [(CHANNEL_TOKEN_HEADER, "w" * 40)]).status == "16"
+        assert guarded.call(peers()) == (0, 0)
+        assert client.unary(ECHO, b"x", [(CHANNEL_TOKEN_HEADER, TOKEN)]).status == "0"
+        assert guarded.call(peers()) == (1, 1)
+    deadline = time.monotonic() + 5
+    while guarded.call(peers()) != (1, 0):  # the client has closed its connection
+        assert time.monotonic() < deadline, guarded.call(peers())
+        time.sleep(0.02)
 
 
 def test_health_stays_open_without_the_token(guarded: ServerThread) -> None:

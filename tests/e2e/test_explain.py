@@ -83,3 +83,21 @@ def test_explain_rejects_out_of_range_figures_and_deep_requests(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--config", str(SPEC),
                              "--request", str(deep)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "nested too deeply" in result.stderr
+
+
+def test_explain_keys_the_conversation_and_shows_the_affinity_outcome(tmp_path: Path) -> None:
+    """Issue #29.11: explain reported affinity as not applicable for every request."""
+    body = {"model": "adaptive-agent", "messages": [{"role": "user", "content": "Fix my bug"}]}
+    result = explain(tmp_path, body)
+    assert result.returncode == 0, result.stderr
+    primary = next(line.split()[1] for line in result.stdout.splitlines()
+                   if line.startswith("primary:"))
+    assert (f"affinity: miss_created (a new conversation: pinned to {primary} from this turn "
+            "on)") in result.stdout
+    document = json.loads(explain(tmp_path, body, "--format", "json").stdout)
+    assert document["trace"]["affinity"] == "miss_created"
+    # No opening to key (a Responses follow-up threads state upstream): not applicable.
+    follow_up = explain(tmp_path, {"model": "adaptive-agent", "input": "more",
+                                   "previous_response_id": "resp_1"},
+                        "--api", "openai_responses", "--format", "json")
+    assert json.loads(follow_up.stdout)["trace"]["affinity"] == "not_applicable"

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from sidecar.config import load_config_text
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import ProviderThread, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
-from sidecar.devstack.stack import start_envoy
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.istio import apply_patches, envoy_filter

@@ -16,9 +16,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import ProviderThread, free_port
 from sidecar.devstack.providers import FakeProvider
-from sidecar.devstack.stack import start_envoy
 
 pytestmark = pytest.mark.e2e
 

@@ -13,11 +13,17 @@ from sidecar.config.policy import Complexity
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 REPO = Path(__file__).parent.parent.parent
+# The product spec lives beside the repository in the development workspace, not in it; a
+# checkout on its own (CI, a fork) has only the fixture copied from it.
 SPEC_MD = REPO.parent / "shared" / "SPEC.md"
+SPEC_SAMPLE = FIXTURES / "spec_sample.yaml"
 
 
 def test_spec_sample_loads_verbatim() -> None:
-    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    """tests/fixtures/spec_sample.yaml is the SPEC's configuration sample byte for byte (no
+    header, no edits: the next test holds it to that), loaded as it is, with nothing added,
+    and it means what the SPEC says. Runs in every checkout, with or without the SPEC."""
+    config = load_config_text(SPEC_SAMPLE.read_text())
     group = config.models["adaptive-agent"]
     assert group.strategy == "dynamic_score"
     assert [(t.provider, t.model_ref, t.weight) for t in group.targets] == [
@@ -36,14 +42,20 @@ def test_spec_sample_loads_verbatim() -> None:
     assert config.providers["minimax"].credential.env == "MINIMAX_API_KEY"
 
 
-@pytest.mark.skipif(not SPEC_MD.exists(), reason="shared/SPEC.md not beside the repository")
-def test_fixture_is_the_sample_in_spec_md() -> None:
-    sample = re.search(r"```yaml\n(.*?)```", SPEC_MD.read_text(), re.S).group(1)
-    assert sample == (FIXTURES / "spec_sample.yaml").read_text()
+@pytest.mark.skipif(not SPEC_MD.is_file(),
+                    reason="../shared/SPEC.md is not beside this checkout: the fixture cannot be "
+                           "compared with it (test_spec_sample_loads_verbatim still ran)")
+def test_fixture_is_still_the_sample_in_spec_md() -> None:
+    """The SPEC has one YAML block, its configuration sample; the fixture is that block's
+    text byte for byte, from the line after the opening fence to the closing fence."""
+    blocks = re.findall(rb"^```yaml\n(.*?)^```", SPEC_MD.read_bytes(), re.S | re.M)
+    assert len(blocks) == 1, "SPEC.md has more than one YAML block: which is the sample?"
+    assert SPEC_SAMPLE.read_bytes() == blocks[0], (
+        "tests/fixtures/spec_sample.yaml differs from the SPEC's sample: copy the block again")
 
 
 def test_config_example_contains_the_spec_group_verbatim() -> None:
-    sample = (FIXTURES / "spec_sample.yaml").read_text()
+    sample = SPEC_SAMPLE.read_text()
     example = (REPO / "config.example.yaml").read_text()
     assert sample[len("models:\n"):] in example
     load_config_file(REPO / "config.example.yaml")
@@ -127,7 +139,8 @@ INVALID = [
      "models: {g: {targets: [%s]}}" % GOOD_TARGET,
      "providers.p: dialect_base_urls.anthropic_messages must share the scheme, host and port"),
     ("models: {'bad group': {targets: [%s]}}" % GOOD_TARGET,
-     "models: group name 'bad group' must start with a letter or digit"),
+     "models.bad group: a group name must start with a letter or digit"),
+    ('models: {"g\\n": {targets: [%s]}}' % GOOD_TARGET, "a group name must start with"),
     ("models: [1, 2]", "models: must be a valid dictionary"),
     ("models: {'a.b': {targets: [%s]}, 'a_b': {targets: [%s]}}" % (GOOD_TARGET, GOOD_TARGET),
      "models.a_b: group names 'a.b' and 'a_b' differ only in characters"),
@@ -261,3 +274,125 @@ def test_aliases_within_the_budget_still_work() -> None:
         "b: {targets: [*target]}}\n")
     assert set(config.models) == {"a", "b"}
 
+
+
+def problem_lines(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(textwrap.dedent(text))
+    return [str(problem) for problem in caught.value.problems]
+
+
+def test_a_problem_in_one_place_hides_none_elsewhere() -> None:
+    """Issue #29.5: a field error anywhere hid every cross-reference problem (unknown groups
+    and providers), a bad script rule hid another rule's unknown target (whose message split
+    its path: `models.bad: script.rules[0]: ...`), and a bad group name hid everything."""
+    lines = problem_lines("""
+        providers: {local: {base_url: "http://127.0.0.1:9/v1"}}
+        callers:
+          - {name: a, token_env: T, models: [nope]}
+          - {name: b, token_sha256: abc, models: [gone]}
+        models:
+          bad:
+            strategy: script
+            targets: [{provider: local, model_ref: m}]
+            script:
+              rules:
+                - {order: [local/zzz]}
+                - {when: "((", order: [local/m]}
+                - {require: {targets: [local/m, local/yyy]}, exclude: {targets: [local/xxx]}}
+          g:
+            targets: [{provider: local, model_ref: m, weight: -1}, {provider: nobody, model_ref: n}]
+          'bad name': {targets: [{provider: local, model_ref: m}]}
+    """)
+    paths = sorted(line.split(": ", 1)[0] for line in lines)
+    assert paths == sorted([
+        "models.bad.script.rules[1].when", "models.g.targets[0].weight", "models.bad name",
+        "callers[1].token_sha256", "models.bad.script.rules[0].order",
+        "models.bad.script.rules[2].require.targets", "models.bad.script.rules[2].exclude.targets",
+        "models.g.targets[1].provider", "callers[0].models", "callers[1].models"]), lines
+    assert ("models.bad.script.rules[0].order: no target 'local/zzz' in this group "
+            "(targets: local/m)") in lines
+    assert ("models.bad.script.rules[2].require.targets: no target 'local/yyy' in this group "
+            "(targets: local/m)") in lines
+    assert "callers[1].models: unknown model group 'gone'" in lines  # an invalid caller's
+    assert any(line.startswith("models.g.targets[1].provider: unknown provider 'nobody'")
+               for line in lines)
+
+
+def test_a_check_is_skipped_only_where_what_it_reads_is_invalid() -> None:
+    """No noise from a part that failed: a target of an invalid provider is not told its
+    provider is unknown, an invalid target still lends its label to the script rules, an
+    unusable `models:` makes no caller's group unknown."""
+    lines = problem_lines("""
+        providers: {p: {base_url: 'ftp://x'}}
+        models:
+          g: {targets: [{provider: p, model_ref: m, api: anthropic_messages}]}
+          h:
+            strategy: script
+            targets: [{provider: openai, model_ref: m, weight: x}]
+            script: {rules: [{order: [openai/m]}]}
+    """)
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        "providers.p.base_url", "models.h.targets[0].weight"], lines
+    lines = problem_lines("""
+        callers: [{name: a, token_env: T, models: [g]}]
+        models: [1, 2]
+    """)
+    assert lines == ["models: must be a valid dictionary"], lines
+
+
+def test_a_strategy_without_its_block_is_reported_beside_a_field_error() -> None:
+    lines = problem_lines("""
+        models:
+          g: {strategy: script, targets: [{provider: openai, model_ref: m, weight: -1}]}
+    """)
+    assert "models.g.script: strategy: script needs a 'script' block with rules" in lines
+    assert "models.g.targets[0].weight: must be at least 0 (got -1)" in lines
+
+
+def test_a_yaml_syntax_error_has_the_parsers_reason_and_where_it_stopped() -> None:
+    """Issue #29.5: a bad indent gave `not valid YAML at line 8, column 6` and no place."""
+    lines = problem_lines("""
+        providers:
+          local: {base_url: "http://127.0.0.1:9/v1"}
+        models:
+          g:
+            targets:
+              - provider: local
+                model_ref: m
+             weight: 2
+    """)
+    assert lines == ["models.g: not valid YAML at line 9, column 6: did not find expected "
+                     "key (in the block mapping that starts at line 6, column 5)"]
+    assert problem_lines("models: {g: {targets: [{provider: p, model_ref: [}]}}")[0].startswith(
+        "models.g.targets[0].model_ref: not valid YAML at line 1")
+
+
+def test_check_config_file_with_secrets_lists_every_layer_at_once(tmp_path: Path) -> None:
+    """`check-config --secrets` gave the field errors, then (once fixed) the caller tokens,
+    then (once fixed) the provider keys."""
+    from sidecar.config.checks import check_config_file
+
+    path = tmp_path / "config.yaml"
+    path.write_text(textwrap.dedent(f"""
+        providers: {{local: {{base_url: "http://127.0.0.1:9/v1", credential: {{env: NO_KEY}}}}}}
+        callers:
+          - {{name: a, token_env: NO_TOKEN}}
+          - {{name: b, token_file: {tmp_path / "missing"}}}
+          - {{name: c, token_sha256: {"a" * 64}}}
+          - {{name: d, token_sha256: {"a" * 64}}}
+        models:
+          g: {{targets: [{{provider: local, model_ref: m}}]}}
+          h: {{targets: [{{provider: local, model_ref: m, weight: -1}}]}}
+    """))
+    checked = check_config_file(path, {}, caller_tokens=True, provider_keys=True)
+    assert checked.config is None
+    lines = [str(problem) for problem in checked.problems]
+    assert lines == [
+        "models.h.targets[0].weight: must be at least 0 (got -1)",
+        "callers[0].token_env: environment variable NO_TOKEN is not set or empty (caller 'a')",
+        f"callers[1].token_file: cannot read secret file {tmp_path / 'missing'}: No such file "
+        "or directory (caller 'b')",
+        "callers[3].token_sha256: caller 'd' has the same token as 'c' (callers[2])",
+        "providers.local.credential.env: environment variable NO_KEY is not set or empty"]
+    assert check_config_file(path, {}).problems == checked.problems[:1]  # no secrets asked

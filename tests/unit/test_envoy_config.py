@@ -3,11 +3,12 @@ and accepted by the real Envoy binary (`envoy --mode validate`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
 import textwrap
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -18,13 +19,20 @@ from sidecar.commands.cli import main
 from sidecar.config import load_config_file, load_config_text
 from sidecar.devstack.demo import demo_config_text
 from sidecar.dialects.errors import ClientError
-from sidecar.envoy_config.addresses import EnvoyAddresses
+from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
 from sidecar.envoy_config.compose import COMPOSE_ADDRESSES, SIDECAR_CONFIG, compose_files
 from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.follow import recorded_addresses, start_xds
 from sidecar.envoy_config.local_replies import anthropic_type, openai_type
 from sidecar.envoy_config.render import bootstrap, render_envoy_yaml, rendered_document
 from sidecar.envoy_contract import target_cluster_name
+from tests.compose_files import (
+    compose_file,
+    config_mount,
+    dockerfile_stages,
+    dockerignored,
+    split_volume,
+)
 
 REPO = Path(__file__).parent.parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -102,8 +110,8 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
     services = compose["services"]
     command = services["envoy-config"]["command"]
     assert command[0] == "render-envoy"
-    moved = [arg.replace("/run/sidecar", str(tmp_path / "run"))
-                .replace("/etc/sidecar/config.yaml", str(REPO / SIDECAR_CONFIG))
+    config_dir, mounted = config_mount(services["envoy-config"])
+    moved = [arg.replace("/run/sidecar", str(tmp_path / "run")).replace(mounted, str(config_dir))
              for arg in command]
     run = tmp_path / "run"
     run.mkdir()
@@ -145,25 +153,125 @@ def test_compose_renders_envoy_at_start_with_a_token_and_sds_files(tmp_path: Pat
 
 
 def test_docker_compose_matches_the_repository() -> None:
-    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    """Every service built from a Dockerfile target the file has, running as a real
+    `sidecar` command line (the target's ENTRYPOINT, then the service's command) as the
+    same non-root user Envoy runs as; every volume declared; the official Envoy image of
+    the wheel's version."""
+    compose = compose_file()
     services = compose["services"]
+    stages = dockerfile_stages()
     assert services["envoy"]["image"] == f"envoyproxy/envoy:v{envoy_version()}"
-    for service in services.values():
+    built = {name: service for name, service in services.items() if "build" in service}
+    assert set(built) == {"demo-providers", "envoy-config", "sidecar"}
+    for name, service in built.items():
+        assert service["build"]["context"] == ".", name
+        stage = stages[service["build"]["target"]]
+        assert stage.entrypoint[0] == "sidecar", name
+        _parser().parse_args([*stage.entrypoint[1:], *service["command"]])
+        # Envoy reads the owner-only token and SDS files the render step writes.
+        assert stage.user == services["envoy"]["user"] == "10001", name
+    assert {services[n]["build"]["target"] for n in ("envoy-config", "sidecar")} == {"sidecar"}
+    assert built["demo-providers"]["build"]["target"] == "demo-providers"
+    for name, service in services.items():
         for volume in service.get("volumes", []):
-            source = volume.split(":", 1)[0]
-            if source.startswith("."):
-                assert (REPO / source).is_file(), source
-            else:
-                assert source in compose["volumes"], source
-        if service.get("build") == ".":
-            _parser().parse_args(service["command"])  # a real `sidecar` sub-command line
-    sidecar_config = REPO / "envoy" / "compose" / "sidecar-config.yaml"
-    assert services["sidecar"]["command"][2] == "/etc/sidecar/config.yaml"
-    load_config_file(sidecar_config)
-    dockerfile = (REPO / "Dockerfile").read_text()
-    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
-        for item in source.split():
-            assert (REPO / item).exists(), item
+            source = split_volume(volume)[0]
+            if not source.startswith("${"):  # the configuration folder: the test below
+                assert source in compose["volumes"], (name, source)
+
+
+def test_compose_mounts_the_configuration_folder_not_the_file() -> None:
+    """A single-file bind mount keeps the inode it started with, so an editor's save (a
+    new file renamed over the old) never reaches the container and SIGHUP reloads the old
+    content (issue #29). Both services that read the file mount its folder, and read it
+    at the path the folder puts it."""
+    services = compose_file()["services"]
+    folder, mounted = config_mount(services["sidecar"])
+    assert config_mount(services["envoy-config"]) == (folder, mounted)
+    assert folder.is_dir() and folder == (REPO / SIDECAR_CONFIG).parent.resolve()
+    for name in ("envoy-config", "sidecar"):
+        command = services[name]["command"]
+        path = PurePosixPath(command[command.index("--config") + 1])
+        assert str(path.parent) == mounted, name
+        assert folder / path.name == (REPO / SIDECAR_CONFIG).resolve(), name
+        for volume in services[name]["volumes"]:  # no file of the folder mounted on its own
+            assert not split_volume(volume)[1].startswith(mounted + "/"), volume
+    load_config_file(REPO / SIDECAR_CONFIG)
+
+
+def test_compose_addresses_agree_with_the_rendered_envoy_configuration() -> None:
+    """What the file's command lines, ports and health checks say, against the bootstrap
+    `render-envoy` makes from them and the Dockerfile's EXPOSE: Envoy finds the sidecar and
+    the demo providers by their service names at the ports those services listen on, its
+    listener is the port compose publishes (on loopback), its admin stays unpublished and
+    is what the health check asks."""
+    services = compose_file()["services"]
+    stages = dockerfile_stages()
+    render = _flags(services["envoy-config"]["command"][1:])
+    serve = _flags(services["sidecar"]["command"][1:])
+    demo = _flags(services["demo-providers"]["command"])
+    addresses = EnvoyAddresses(listen=render["--listen"], admin=render["--admin"],
+                               ext_proc=render["--ext-proc"], ca_bundle=render["--ca-bundle"],
+                               secrets_dir=render["--secrets-dir"])
+    assert addresses == COMPOSE_ADDRESSES
+    document = rendered_document(load_config_file(REPO / SIDECAR_CONFIG), addresses)
+    clusters = {c["name"]: c for c in document["static_resources"]["clusters"]}
+
+    def reached(cluster: dict) -> tuple[str, int]:
+        endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        where = endpoint["address"]["socket_address"]
+        return where["address"], where["port_value"]
+
+    def port(host_port: str) -> int:
+        return split_host_port(host_port)[1]
+
+    assert reached(clusters["sidecar_ext_proc"]) == ("sidecar", port(serve["--listen"]))
+    targets = [c for name, c in clusters.items() if name.startswith("target__")]
+    assert targets and {reached(c) for c in targets} == {
+        ("demo-providers", port(demo["--listen"]))}
+    assert str(port(serve["--listen"])) in stages["sidecar"].expose
+    assert str(port(demo["--listen"])) in stages["demo-providers"].expose
+    assert f"127.0.0.1', {port(demo['--listen'])})" in " ".join(
+        services["demo-providers"]["healthcheck"]["test"])
+    assert _flags(services["sidecar"]["healthcheck"]["test"][3:])["--grpc"] == \
+        f"127.0.0.1:{port(serve['--listen'])}"
+    listener = document["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert services["envoy"]["ports"] == [f"127.0.0.1:{listener['port_value']}:"
+                                          f"{listener['port_value']}"]
+    admin = document["admin"]["address"]["socket_address"]
+    assert admin["address"] == "127.0.0.1"
+    assert f"/dev/tcp/127.0.0.1/{admin['port_value']} " in services["envoy"]["healthcheck"][
+        "test"][3]
+    # One folder shared by the render step (writes), the sidecar (writes xDS) and Envoy.
+    for name in ("envoy-config", "sidecar", "envoy"):
+        assert ("runtime", "/run/sidecar") in map(split_volume, services[name]["volumes"])
+    assert services["envoy"]["command"][2] == render["--output"]
+    assert serve["--xds-dir"] == render["--xds-dir"]
+
+
+def test_the_build_context_is_what_the_dockerfile_copies() -> None:
+    """.dockerignore lets in every path the Dockerfile copies (and the package data
+    `pip install .` needs), and keeps out what a working checkout holds besides: the
+    virtualenv, git, caches, build outputs, tests and their temporary folders."""
+    copies = {source for stage in dockerfile_stages().values() for source in stage.copies}
+    assert copies == {"pyproject.toml", "README.md", "sidecar"}
+    for source in copies:
+        assert (REPO / source).exists(), source
+        assert not dockerignored(source), source
+    for kept in ("sidecar/__init__.py", "sidecar/devstack/demo-config.yaml",
+                 "sidecar/external/v1/router_pb2.py"):
+        assert not dockerignored(kept), kept
+    for left_out in (".venv/bin/python", ".git/HEAD", ".pytest_cache/v/cache/nodeids",
+                     ".ruff_cache/CACHEDIR.TAG", ".hypothesis/examples/x",
+                     "sidecar/__pycache__/cli.cpython-311.pyc",
+                     "sidecar/routing/__pycache__/x.pyc", "model_group_sidecar.egg-info/PKG-INFO",
+                     "sidecar/model_group_sidecar.egg-info/PKG-INFO", "build/lib/sidecar/x.py",
+                     "dist/x.whl", "tests/unit/test_envoy_config.py", "bench/results/x.md",
+                     "docs/deploy.md", "envoy/compose/sidecar-config.yaml", "Dockerfile"):
+        assert dockerignored(left_out), left_out
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return {flag: value for flag, value in itertools.pairwise(argv) if flag.startswith("--")}
 
 
 def test_one_cluster_per_target_and_tls_for_https_providers() -> None:

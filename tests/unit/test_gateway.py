@@ -248,7 +248,7 @@ def test_missing_keys_are_named_only_by_where_they_were_expected() -> None:
     from sidecar.gateway.runtime import provider_key_problems
 
     assert provider_key_problems(CONFIG, {"LOCAL_KEY": "provider-key"}) == [
-        "providers.anth.credential: environment variable ANTH_KEY is not set or empty"]
+        "providers.anth.credential.env: environment variable ANTH_KEY is not set or empty"]
     assert provider_key_problems(CONFIG, ENV) == []
 
 
@@ -261,7 +261,8 @@ providers: {local: {base_url: "http://127.0.0.1:9/v1"}}
     with pytest.raises(StartupError) as caught:
         Runtime(config, {})
     assert caught.value.problems == [
-        "callers[0] (a): environment variable NO_SUCH_TOKEN_VAR is not set or empty"]
+        "callers[0].token_env: environment variable NO_SUCH_TOKEN_VAR is not set or empty "
+        "(caller 'a')"]
 
 
 def test_fallback_order_is_cut_to_max_attempts_and_stateful_responses_get_none(

@@ -17,13 +17,13 @@ def test_a_stalled_read_is_rejected_and_later_reloads_wait_for_it(tmp_path: Path
     path = tmp_path / "config.yaml"
     path.write_text("models: {}\n")
     release = threading.Event()
-    real_load = reload_module.load_config_file
+    real_check = reload_module.check_config_file
 
-    def stalled_load(where):
+    def stalled_check(where, *args, **kwargs):
         release.wait(timeout=60)
-        return real_load(where)
+        return real_check(where, *args, **kwargs)
 
-    monkeypatch.setattr(reload_module, "load_config_file", stalled_load)
+    monkeypatch.setattr(reload_module, "check_config_file", stalled_check)
 
     async def scenario() -> list:
         reloader = Reloader(path, sidecar=None, prepare_timeout_s=0.05)  # type: ignore[arg-type]

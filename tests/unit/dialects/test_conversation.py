@@ -116,6 +116,20 @@ def test_long_strings_enter_by_digest_and_differ_when_they_differ() -> None:
     assert key(same) == key(same) != key(other)
 
 
+def test_the_key_covers_the_whole_first_message_however_long() -> None:
+    """Issue #29.11: over 64 KiB only the length and both 32 KiB ends were hashed, so two
+    different 70,000-character openings shared a pin."""
+    opening = "a" * 35_000 + "{}" + "z" * 34_998
+    middle_changed = "a" * 35_000 + "[]" + "z" * 34_998
+    assert len(opening) == len(middle_changed) == 70_000
+    assert key({"messages": [{"role": "user", "content": opening}]}) != key(
+        {"messages": [{"role": "user", "content": middle_changed}]})
+    # Slicing the hash changes no byte: lone surrogates (JSON escapes) across slice edges.
+    odd = "x" * (64 * 1024 - 1) + "\ud800" + "y" * 70_000
+    assert key({"messages": [{"role": "user", "content": odd}]}) == key(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": odd}]}]})
+
+
 def test_absurdly_deep_content_gives_no_key_instead_of_failing() -> None:
     deep: object = "x"
     for _ in range(5_000):
@@ -144,16 +158,13 @@ def image_message(data: str) -> dict:
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]}
 
 
-def test_large_images_are_keyed_by_length_and_both_ends_only() -> None:
-    """Bounded work per request: a 4 MB image costs no more than a 64 KB one to key."""
+def test_large_images_are_keyed_by_every_character() -> None:
+    """The SPEC's key is over the complete first message: a 4 MB image differing in one
+    middle character is another conversation."""
     middle = "A" * 4_000_000
     base = key(image_message("head" + middle + "tail"))
     assert key(image_message("head" + middle + "tail")) == base
-    assert key(image_message("HEAD" + middle + "tail")) != base  # first characters differ
-    assert key(image_message("head" + middle + "TAIL")) != base  # last characters differ
-    assert key(image_message("head" + middle + "tail!")) != base  # length differs
-    # the same length and ends: one key (a shared pin is the only effect)
-    assert key(image_message("head" + "A" * 1_999_999 + "B" + "A" * 2_000_000 + "tail")) == base
-    # strings up to 64 Ki characters are hashed whole
-    small = "A" * 60_000
-    assert key(image_message(small[:30_000] + "B" + small[30_001:])) != key(image_message(small))
+    assert key(image_message("HEAD" + middle + "tail")) != base
+    assert key(image_message("head" + middle + "TAIL")) != base
+    assert key(image_message("head" + middle + "tail!")) != base
+    assert key(image_message("head" + "A" * 1_999_999 + "B" + "A" * 2_000_000 + "tail")) != base

@@ -75,7 +75,7 @@ def test_other_strategies_traces_have_no_external_key() -> None:
 
 @pytest.mark.parametrize(("change", "words"), [
     (("    external: {url: 'grpc://127.0.0.1:9', fallback_strategy: failover}\n", ""),
-     "models.g: strategy: external needs an 'external' block"),
+     "models.g.external: strategy: external needs an 'external' block"),
     (("grpc://127.0.0.1:9", "ftp://host/x"), "models.g.external.url"),
     (("grpc://127.0.0.1:9", "grpc://127.0.0.1"), "grpc:// url is host:port only"),
     (("grpc://127.0.0.1:9", "http://user:pw@127.0.0.1/rank"), "must not carry credentials"),

@@ -1,7 +1,8 @@
-"""Latency by target, not by mix (issue 14, item 4): the latency score and the
-`max_p95_latency_ms` threshold compare targets on equal work (p95 TTFB + a 256-token reply
-at the p95 time per output token), so the target that receives long outputs is not
-penalised for them; without per-token figures the plain p95 is used as before."""
+"""Latency by target, not by mix (issue 14, item 4): with `latency_basis: work_normalized`
+the latency score and the `max_p95_latency_ms` threshold compare targets on equal work (p95
+TTFB + a 256-token reply at the p95 time per output token), so the target that receives long
+outputs is not penalised for them; without per-token figures the plain p95 is used. By
+default (issue #29.11) both follow the SPEC's words: the observed p95."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ YAML = """
         min_observations: 10
         score_terms: [{name: fast, expression: "latency_score"}]
         thresholds: {max_p95_latency_ms: %s}
+        latency_basis: %s
 """
-GROUP = config(YAML % "10000")
-NO_LIMIT = config(YAML % "null")
+GROUP = config(YAML % ("10000", "work_normalized"))
+NO_LIMIT = config(YAML % ("null", "work_normalized"))
+SPEC_WORDS = config(YAML % ("10000", "observed_p95"))
+DEFAULT = config((YAML % ("10000", "observed_p95")).replace(
+    "        latency_basis: observed_p95\n", ""))
 # Same speed per token; one gets 2,000-token replies, the other 100-token replies.
 LONG = warm(p95_latency_ms=20_200, p95_ttfb_ms=200, p95_ms_per_output_token=10)
 SHORT = warm(p95_latency_ms=1_200, p95_ttfb_ms=200, p95_ms_per_output_token=10)
@@ -51,6 +56,20 @@ def test_long_outputs_neither_lower_the_score_nor_trip_the_threshold() -> None:
     assert excluded(decide(GROUP, request(), snapshot(
         p__longout=LONG, p__shortout=SHORT, p__slow=SLOW))) == {
         "p/slow": "thresholds.max_p95_latency_ms"}
+
+
+def test_by_default_the_threshold_and_score_read_the_observed_p95_as_the_spec_says() -> None:
+    """Issue #29.11: a target whose observed p95 was 20 s passed a 10 s threshold."""
+    observations = snapshot(p__longout=LONG, p__shortout=SHORT, p__slow=SLOW)
+    assert DEFAULT.models["g"].routing_policy.dynamic_score.latency_basis == "observed_p95"
+    for group in (DEFAULT, SPEC_WORDS):
+        assert excluded(decide(group, request(), observations)) == {
+            "p/longout": "thresholds.max_p95_latency_ms"}  # 20.2 s observed
+    unlimited = config(YAML % ("null", "observed_p95"))
+    rows = {c.target: c for c in decide(unlimited, request(), observations).trace.candidates}
+    assert rows["p/shortout"].scores["latency_score"] == 1.0
+    assert rows["p/slow"].scores["latency_score"] == pytest.approx(1_200 / 5_000, abs=1e-6)
+    assert rows["p/longout"].scores["latency_score"] == pytest.approx(1_200 / 20_200, abs=1e-6)
 
 
 def test_the_store_keeps_the_p95_time_per_output_token() -> None:

@@ -94,6 +94,8 @@ def test_replicas_starting_together_migrate_once(database: Database, tmp_path: P
 class StalledStore:
     """A database that hangs until released, then fails once."""
 
+    where = "a stalled test store"
+
     def __init__(self) -> None:
         self.release = threading.Event()
         self.batches: list[int] = []
