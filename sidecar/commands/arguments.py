@@ -53,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(up)
     _drain_flag(up, 10.0, "; ends early once Envoy has no request left")
+    _replica_flag(up)
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")
     serve.add_argument("--config", type=Path, required=True)
@@ -74,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
                             "Envoy has the new clusters before routing to them")
     _grpc_server_flag(serve)
     _drain_flag(serve, 10.0, "")
+    _replica_flag(serve)
 
     observations = command("observations",
                            "show each target's observation window from a running sidecar")
@@ -201,6 +203,12 @@ def host_port(value: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
+
+
+def _replica_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replica",
+                        help="the name this replica writes in its telemetry rows (default: "
+                             "$SIDECAR_REPLICA, else telemetry.replica, else the host name)")
 
 
 def _drain_flag(parser: argparse.ArgumentParser, default: float, note: str) -> None:

@@ -26,6 +26,7 @@ from sidecar.grpcwire.auth import ChannelTokenError, ensure_channel_token, read_
 from sidecar.operations.log_format import configure as configure_logging
 from sidecar.operations.posix_signals import until_stop_signal
 from sidecar.operations.process import run_event_loop
+from sidecar.telemetry.replica import REPLICA_ENV
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -37,6 +38,8 @@ def _admin_token(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    if getattr(args, "replica", None):  # for the telemetry worker too (telemetry/replica.py)
+        os.environ[REPLICA_ENV] = args.replica
     try:
         return _COMMANDS[args.command](args)
     except ModuleNotFoundError as exc:

@@ -41,6 +41,7 @@ from sidecar.telemetry.deferral import CpuPressure, Deferral
 from sidecar.telemetry.encode import RowEncoder
 from sidecar.telemetry.intake import MAX_MESSAGE, Intake
 from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.replica import replica_name
 from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import (
     DecisionRecord,
@@ -74,9 +75,9 @@ class Worker:
 
     def __init__(self, start: Start, writer: TelemetryWriter | None = None) -> None:
         settings = start.settings
-        store = TelemetryStore(open_database(settings), settings.replica,
-                               settings.raw_retention_days)
-        self.encoder = RowEncoder(settings.replica, prices_of(start.prices))
+        replica = replica_name(settings.replica)
+        store = TelemetryStore(open_database(settings), replica, settings.raw_retention_days)
+        self.encoder = RowEncoder(replica, prices_of(start.prices))
         self.counts: RowCounts = Counter()
         self._counting = threading.Lock()
         self.spans = None

@@ -60,7 +60,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess,
     with keyed_stack(workdir, fakes, lambda providers: CONFIG.format(
             good=providers.base_url("good"), flaky=providers.base_url("flaky"), db=db,
             digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS,
-            "--log-format", "json", "--log-decisions") as (up, providers):
+            "--log-format", "json", "--log-decisions",
+            # The file says `replica: e2e`; the command line wins (issue #30.5), in the
+            # telemetry worker's process too.
+            "--replica", "pod-e2e-0") as (up, providers):
         yield up, db, {"flaky": providers.provider("flaky"), "good": providers.provider("good")}
 
 
@@ -104,7 +107,8 @@ def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> Non
     found = [r for r in rows(db, "request_rows", len(seen) + 3) if r["request_id"] not in seen]
     assert len(found) == 3
     assert {r["join_kind"] for r in found} == {"joined"}
-    assert {r["caller"] for r in found} == {"team-a"} and {r["replica"] for r in found} == {"e2e"}
+    assert {r["caller"] for r in found} == {"team-a"}
+    assert {r["replica"] for r in found} == {"pod-e2e-0"}
     assert "caller-chosen" not in {r["request_id"] for r in found}
     by_serving = sorted((r["serving_target"], r["attempts"]) for r in found)
     assert by_serving == [("flaky/flaky-model", 1), ("good/good-model", 2),
