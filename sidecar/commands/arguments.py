@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
     _grpc_server_flag(up)
     _drain_flag(up, 10.0, "; ends early once Envoy has no request left")
+    up.add_argument("--drain-grace-seconds", type=float, default=2.0,
+                    help="on SIGTERM, after GET /ready on the client listener starts "
+                         "answering 503: serve this long before the drain may end, so a load "
+                         "balancer notices (default: 2; part of --drain-seconds)")
     _replica_flag(up)
 
     serve = command("serve", "run only the ext_proc gRPC server (containers)")

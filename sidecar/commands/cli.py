@@ -91,6 +91,7 @@ def _up(args: argparse.Namespace) -> int:
         grpc_server=args.grpc_server,
         admin_token=admin_token,
         drain_seconds=args.drain_seconds,
+        drain_grace_seconds=args.drain_grace_seconds,
     )
     try:
         return run_event_loop(run_stack(options))

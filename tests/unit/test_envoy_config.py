@@ -316,11 +316,12 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
         "refresh_cluster_on_retry": True,
     }
     filters = manager["typed_config"]["http_filters"]
-    assert [f["name"] for f in filters][:4] == ["envoy.filters.http.ext_proc",
+    assert [f["name"] for f in filters][:5] == ["envoy.filters.http.health_check",  # /ready
+                                                 "envoy.filters.http.ext_proc",
                                                  "sidecar.strip_unasked_usage",
                                                  "sidecar.response_headers",
                                                  "envoy.filters.http.custom_response"]
-    assert filters[0]["typed_config"]["metadata_options"] == {
+    assert filters[1]["typed_config"]["metadata_options"] == {
         "receiving_namespaces": {"untyped": ["sidecar.route"]}}
 
 
