@@ -206,11 +206,13 @@ def test_a_waiting_decision_holds_up_no_one_else(fresh) -> None:
     slow = threading.Thread(target=lambda: waited.append(ask(up, "patient")))
     slow.start()
     time.sleep(0.2)  # the slow one is now waiting on the service
-    others = [ask(up, "plain") for _ in range(10)]
+    others = [ask(up, "plain") for _ in range(5)]
     still_waiting = slow.is_alive()
     slow.join(10)
-    assert still_waiting, "the other requests should finish while the decision waits"
     assert max(others) < 0.5, others  # ~10 ms each here; 0.5 s leaves a 4x-slow machine room
+    # 5 × ~10 ms inside the 0.8 s the decision still waits (a full-suite run on a loaded
+    # machine once took longer than that for 10).
+    assert still_waiting, f"the other requests should finish while the decision waits: {others}"
     assert waited and waited[0] >= 1.0
     assert "second" in served(providers)
 

@@ -81,9 +81,11 @@ def test_an_anthropic_stream_after_a_fallback_arrives_event_by_event(
     # content_block_start, so one gap is double. In some full-suite runs (2 of 3 on
     # 2026-11-29, never in 14 runs of this directory alone) the last event also came
     # ~200 ms late; tolerated as one more double gap (see the #7 closing note).
-    assert not [gap for gap in gaps if gap < 150], gaps
-    single = [gap for gap in gaps if 150 < gap < 300]
-    double = [gap for gap in gaps if 350 < gap < 500]
+    # Two events buffered together arrive within a few ms; one event late by up to ~60 ms
+    # (a loaded machine, 2026-12-02) shortens the next gap to ~140 ms, which is no buffering.
+    assert not [gap for gap in gaps if gap < 100], gaps
+    single = [gap for gap in gaps if 100 < gap < 300]
+    double = [gap for gap in gaps if 300 < gap < 500]
     assert len(single) + len(double) == len(gaps), gaps
     assert 1 <= len(double) <= 2 and gaps[1] > 350, gaps
 
