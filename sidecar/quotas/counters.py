@@ -19,6 +19,10 @@ from sidecar.config.quotas import QuotaLimits
 WINDOW_S = {"requests_per_minute": 60, "tokens_per_day": 86_400, "spend_per_day_usd": 86_400}
 ALL_GROUPS = "*"
 
+# The suffix of a refusal's reason when the caller is under its limit but this replica has
+# admitted its slice since it last heard the other replicas' counts.
+SLICE_PENDING = "_slice_pending"
+
 # (caller, scope: a group or ALL_GROUPS, limit name, window number)
 CounterKey = tuple[str, str, str, int]
 
@@ -69,7 +73,9 @@ class QuotaCounters:
                     return Refusal(f"{prefix}_{name}", _until_next(now, window))
                 if name == "requests_per_minute":
                     if self.sliced and counter.unsynced >= _slice(limit, self._slice_percent):
-                        return Refusal(f"{prefix}_{name}", 1)
+                        # Not over the limit: this replica's share until the next round
+                        # (issue #30: it used to give the over-limit reason).
+                        return Refusal(f"{prefix}_{name}{SLICE_PENDING}", 1)
                     request_counters.append(counter)
         for counter in request_counters:
             counter.unsynced += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config import ConfigError
+from sidecar.quotas.admission import refusal_error
 from sidecar.quotas.counters import QuotaCounters, Refusal
 from sidecar.quotas.ledger import QuotaLedger
 from sidecar.telemetry.rows import RequestResult
@@ -76,7 +77,13 @@ def test_a_shared_replica_keeps_within_its_slice() -> None:
     quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
     quotas.sliced = True  # Redis answered: slice = 10 % of 40 = 4 past the last total
     assert [quotas.admit("team", "basic") for _ in range(4)] == [None] * 4
-    assert quotas.admit("team", "basic") == Refusal("caller_requests_per_minute", 1)
+    # Under the limit: its own reason, never the over-limit one (issue #30.3).
+    waiting = quotas.admit("team", "basic")
+    assert waiting == Refusal("caller_requests_per_minute_slice_pending", 1)
+    error = refusal_error(waiting)
+    assert error.status == 429 and "under its limit" in error.message
+    assert "under its limit" not in refusal_error(
+        Refusal("caller_requests_per_minute", 30)).message
     quotas.sliced = False  # Redis down: local limits only
     assert quotas.admit("team", "basic") is None
 
