@@ -15,6 +15,7 @@ import yaml
 from sidecar.commands.arguments import parser
 from sidecar.config import load_config_file
 from sidecar.envoy_config.addresses import split_host_port
+from sidecar.envoy_config.readiness import READY_PATH
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "base"
 OVERLAY = BASE.parent / "overlays" / "production"
@@ -80,8 +81,12 @@ def test_the_pod_agrees_with_the_rendered_envoy_configuration() -> None:
     assert sidecar["readinessProbe"]["grpc"]["port"] == grpc_port
     assert envoy["ports"][0]["containerPort"] == listen_port
     admin_port = split_host_port(render["admin"])[1]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert f"/dev/tcp/127.0.0.1/{admin_port}" in envoy[probe]["exec"]["command"][2]
+    assert f"/dev/tcp/127.0.0.1/{admin_port}" in envoy["livenessProbe"]["exec"]["command"][2]
+    # Readiness is the client listener's /ready, which the preStop fails before draining.
+    assert envoy["readinessProbe"]["httpGet"] == {"path": READY_PATH, "port": "http"}
+    pre_stop = envoy["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert f"/dev/tcp/127.0.0.1/{admin_port}" in pre_stop
+    assert pre_stop.index("/healthcheck/fail") < pre_stop.index("/drain_listeners?graceful")
     assert envoy["args"][envoy["args"].index("-c") + 1] == str(render["output"])
     service = resources()["Service"]["spec"]["ports"][0]
     assert service["targetPort"] == envoy["ports"][0]["name"]
