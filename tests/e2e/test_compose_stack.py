@@ -111,14 +111,24 @@ def test_the_compose_stack_starts_healthy_in_order_and_serves(tmp_path: Path) ->
         answer = client.chat.completions.create(
             model="adaptive-agent", messages=[{"role": "user", "content": "hello"}])
         assert answer.choices[0].message.content
-        # The Kubernetes pod asks the same Envoy admin /ready the same way.
+        # The Kubernetes pod probes and stops this Envoy the same way: liveness on the
+        # admin's /ready, readiness on the client listener's /ready, which its preStop
+        # fails before draining (run here without its 5 s wait).
         deployment = yaml.safe_load((REPO / "deploy/kubernetes/base/deployment.yaml")
                                     .read_text())
         envoy = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
                      if c["name"] == "envoy")
-        for probe in ("readinessProbe", "livenessProbe"):
-            command = [mapped.text(arg) for arg in envoy[probe]["exec"]["command"]]
-            assert subprocess.run(command, capture_output=True, timeout=10).returncode == 0
+        command = [mapped.text(arg) for arg in envoy["livenessProbe"]["exec"]["command"]]
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode == 0
+        ready = base + envoy["readinessProbe"]["httpGet"]["path"]
+        assert httpx.get(ready, timeout=10).status_code == 200
+        pre_stop = [mapped.text(arg).replace("sleep 5", "sleep 0")
+                    for arg in envoy["lifecycle"]["preStop"]["exec"]["command"]]
+        assert subprocess.run(pre_stop, capture_output=True, timeout=20).returncode == 0
+        assert httpx.get(ready, timeout=10).status_code == 503
+        draining = client.chat.completions.with_raw_response.create(
+            model="adaptive-agent", messages=[{"role": "user", "content": "hello"}])
+        assert draining.headers.get("connection") == "close"
         # `docker compose down`: SIGTERM to each service, those that depend on others first.
         # Envoy has gone by the time the sidecar is told, so its drain ends at once instead
         # of lasting --drain-seconds (issue #29).
