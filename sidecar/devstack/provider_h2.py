@@ -163,6 +163,8 @@ class H2Wire:
         await self._connection.flush()
         async for event in paced(events, pacing, self.abort):
             await self._connection.send(self._id, event, end=False)
+        if pacing.end_delay_s:
+            await asyncio.sleep(pacing.end_delay_s)
         if not self._reset:
             self._connection.conn.end_stream(self._id)
             await self._connection.flush()

@@ -94,6 +94,7 @@ class Pacing:
     first_event_delay_s: float = 0.0  # after the headers, before the first event
     cut_after: int | None = None     # drop the connection after this many events
     stall_after: int | None = None   # send nothing more (connection open) after this many
+    end_delay_s: float = 0.0         # after the last event, before the stream's end
 
 
 STEADY = Pacing()  # events back to back, none cut or stalled
@@ -172,6 +173,8 @@ class Http1Wire:
         async for event in paced(events, pacing, self.abort):
             writer.write(_chunk(event))
             await writer.drain()
+        if pacing.end_delay_s:
+            await asyncio.sleep(pacing.end_delay_s)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 

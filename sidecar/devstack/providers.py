@@ -63,6 +63,9 @@ class Behaviour:
     first_event_delay_s: float = 0.0
     first_event: bytes | None = None
     garbage_after_events: int | None = None
+    # Streams only: the end of the stream (the last chunk, or HTTP/2's END_STREAM) this
+    # long after the last event: on the internet `[DONE]` and the end arrive apart.
+    stream_end_delay_s: float = 0.0
     # Refuse a request whose prompt tokens plus its output cap exceed this, with the
     # dialect's context-length error (`vllm_errors`: in vLLM's shape).
     context_window_tokens: int | None = None
@@ -263,7 +266,8 @@ class ProviderServer:
         pacing = Pacing(delay_s=1 / rate if rate else behaviour.inter_event_delay_s,
                         first_event_delay_s=behaviour.first_event_delay_s,
                         cut_after=behaviour.fail_after_events,
-                        stall_after=behaviour.stall_after_events)
+                        stall_after=behaviour.stall_after_events,
+                        end_delay_s=behaviour.stream_end_delay_s)
         try:
             await wire.stream(_stream_events(behaviour, events), pacing, headers)
         except ConnectionError:

@@ -22,7 +22,12 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from sidecar.envoy_contract import ATTEMPT_LOG_NAME, CONTEXT_RETRY_HEADER, USAGE_NAMESPACE
+from sidecar.envoy_contract import (
+    ATTEMPT_LOG_NAME,
+    CONTEXT_RETRY_HEADER,
+    USAGE_KEY,
+    USAGE_NAMESPACE,
+)
 from sidecar.grpcwire.call import Call, UndecodableMessage
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
@@ -50,10 +55,13 @@ def _ms(duration) -> float | None:  # google.protobuf.Duration, unset when not r
     return duration.seconds * 1000 + duration.nanos / 1e6
 
 
-def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
-    """The classification table of docs/observations.md, first match wins."""
+def outcome_of(flags: al.ResponseFlags, status: int, answered: bool = False) -> Outcome:
+    """The classification table of docs/observations.md, first match wins. `answered`: a
+    stream whose final usage event went to the caller (`answered_stream`)."""
     if flags.downstream_connection_termination or flags.downstream_remote_reset:
-        return Outcome.CLIENT_CANCEL
+        # The openai SDK closes its response at `[DONE]`, often before the stream's end
+        # has arrived: a caller that hangs up with the whole answer did not cancel.
+        return Outcome.OK if answered and 200 <= status < 300 else Outcome.CLIENT_CANCEL
     if (flags.upstream_request_timeout or flags.stream_idle_timeout
             or flags.upstream_max_stream_duration_reached or flags.duration_timeout):
         return Outcome.UPSTREAM_TIMEOUT
@@ -75,6 +83,14 @@ def outcome_of(flags: al.ResponseFlags, status: int) -> Outcome:
     if status >= 400:
         return Outcome.CLIENT_ERROR
     return Outcome.OK
+
+
+def answered_stream(entry: al.HTTPAccessLogEntry, usage_keys: Mapping[str, object]) -> bool:
+    """An event stream whose usage was read: every dialect sends its final usage in the
+    last event but one (Chat's usage chunk before `[DONE]`, Anthropic's `message_delta`
+    before `message_stop`, Responses' `response.completed`), so the caller had the answer."""
+    content_type = entry.response.response_headers.get(CONTENT_TYPE, "")
+    return USAGE_KEY in usage_keys and content_type.startswith("text/event-stream")
 
 
 def _numbers(fields: Mapping[str, struct_pb2.Value]) -> dict[str, float]:
@@ -108,7 +124,7 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
     usage_keys = metadata.fields if metadata is not None else {}
     usage = usage_of(_numbers(usage_keys))
-    outcome = outcome_of(common.response_flags, status)
+    outcome = outcome_of(common.response_flags, status, answered_stream(entry, usage_keys))
     if outcome is Outcome.OK and 200 <= status < 300:
         headers = entry.response.response_headers
         shape = usage_keys[SHAPE_KEY].string_value if SHAPE_KEY in usage_keys else ""
@@ -139,7 +155,8 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
     common = entry.common_properties
     status = entry.response.response_code.value
     metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
-    usage = usage_of(_numbers(metadata.fields) if metadata is not None else {})
+    usage_keys = metadata.fields if metadata is not None else {}
+    usage = usage_of(_numbers(usage_keys))
     first_tx = _ms(common.time_to_first_upstream_tx_byte)
     first_rx = _ms(common.time_to_first_upstream_rx_byte)
     return RequestResult(
@@ -147,7 +164,8 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
         status=status,
         serving_target=targets.get(common.upstream_cluster),
         attempts=common.upstream_request_attempt_count,
-        error_class=outcome_of(common.response_flags, status).value,
+        error_class=outcome_of(common.response_flags, status,
+                               answered_stream(entry, usage_keys)).value,
         latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
         ttfb_ms=(first_rx - (first_tx or 0.0)) if first_rx is not None else None,
         input_tokens=usage.input_tokens,

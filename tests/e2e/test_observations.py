@@ -27,6 +27,9 @@ PROVIDERS = {
     "limited": Behaviour(status=429),
     "hang": Behaviour(latency_s=3.0),
     "drip": Behaviour(inter_event_delay_s=0.2),
+    # The stream's end 300 ms after its `[DONE]`: the openai SDK (3.x) closes its response
+    # at `[DONE]` without reading on, so Envoy sees the caller hang up before the end.
+    "tail": Behaviour(stream_end_delay_s=0.3),
     "baseten": Behaviour(), "minimax": Behaviour(), "openai": Behaviour(),
     "claude": Behaviour(latency_s=0.05, inter_event_delay_s=0.02),
 }
@@ -44,7 +47,7 @@ def config(providers: ProviderThread, observations_enabled: bool = True) -> str:
                  "flush_interval_ms: 50, refresh_ms: 10}")
     lines.append("limits: {request_timeout_seconds: 1, max_request_body_bytes: 65536}")
     lines.append("models:")
-    for name in ("fast", "slow", "limited", "hang", "drip", "claude"):
+    for name in ("fast", "slow", "limited", "hang", "drip", "tail", "claude"):
         lines.append(f"  {name}-group: {{targets: [{{provider: {name}, model_ref: {name}-m}}]}}")
     lines.append(SPEC[len("models:\n"):].rstrip("\n"))
     return "\n".join(lines) + "\n"
@@ -109,11 +112,7 @@ def test_ttfb_latency_and_throughput_match_the_provider(stack: Stack, name: str,
         chat(stack, f"{name}-group", stream=index % 6 == 5)
     figures = stack.wait_for(f"{name}/{name}-m", 24)
     outcomes = figures["outcomes"]
-    # Open (2026-12-02): in 3 of 6 full-suite runs, never in isolation, Envoy flagged one
-    # request the SDK had completed as a downstream termination (`client_cancel`); until
-    # that is explained (closing note of that session), one such count is tolerated here.
-    assert sum(outcomes.values()) == 24 and outcomes.get("ok", 0) >= 23, outcomes
-    assert set(outcomes) <= {"ok", "client_cancel"}, outcomes
+    assert outcomes == {"ok": 24}, outcomes
     assert figures["p95_ttfb_ms"] == pytest.approx(latency_ms, rel=0.2)
     # The stream's 14 events are 20 ms apart after the first: latency + 13 × 20 ms.
     stream_ms = latency_ms + 13 * 20
@@ -165,6 +164,16 @@ def test_a_body_over_the_limit_is_a_json_413_in_the_callers_dialect(stack: Stack
                                 headers=headers, timeout=10)
     assert anthropic_like.status_code == 413
     assert anthropic_like.json()["error"]["type"] == "request_too_large"
+
+
+def test_a_caller_that_hangs_up_after_the_whole_stream_is_served_ok(stack: Stack) -> None:
+    """The outcome seen in 3 of 6 full-suite runs, made certain: the official SDK stops
+    reading at `[DONE]`, before the chunked stream's end; the caller has the whole answer,
+    so neither the observation nor the row may call it a cancellation."""
+    for _ in range(3):
+        chat(stack, "tail-group", stream=True)
+    figures = stack.wait_for("tail/tail-m", 3)
+    assert figures["outcomes"] == {"ok": 3}
 
 
 def test_client_disconnect_is_client_cancel(stack: Stack) -> None:

@@ -7,7 +7,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from google.protobuf import struct_pb2
 
 from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
-from sidecar.observe.access_log import observation_of, outcome_of
+from sidecar.observe.access_log import observation_of, outcome_of, result_of
 from sidecar.observe.records import Outcome
 
 TARGETS = {"target__g__0__p": "p/m"}
@@ -67,6 +67,19 @@ def test_timings_and_usage() -> None:
 def test_classification_table(status: int, flags: dict, outcome: Outcome) -> None:
     assert outcome_of(entry(status, **flags).common_properties.response_flags, status) is outcome
     assert observation_of(entry(status, **flags), TARGETS).outcome is outcome
+
+
+@pytest.mark.parametrize(("content_type", "tokens", "outcome"), [
+    ("text/event-stream", 7, Outcome.OK),            # the final usage event went out
+    ("text/event-stream", None, Outcome.CLIENT_CANCEL),  # hung up before it
+    ("application/json", 7, Outcome.CLIENT_CANCEL),   # a JSON reply is whole or not at all
+])
+def test_a_caller_hanging_up_after_the_final_usage_event_is_not_a_cancel(
+        content_type: str, tokens: float | None, outcome: Outcome) -> None:
+    message = entry(tokens=tokens, downstream_connection_termination=True)
+    message.response.response_headers["content-type"] = content_type
+    assert observation_of(message, TARGETS).outcome is outcome
+    assert result_of(message, TARGETS).error_class == outcome.value
 
 
 def test_not_served_by_a_target_is_not_an_observation() -> None:
