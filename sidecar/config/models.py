@@ -37,6 +37,7 @@ from sidecar.config.fields import (
     StrictModel,
     bounded,
 )
+from sidecar.config.fleet import FleetSettings
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
 from sidecar.config.quotas import CallerQuotas, QuotaSettings
 from sidecar.config.service_settings import Limits, Observations, Sessions, Telemetry
@@ -300,11 +301,19 @@ class SidecarConfig(StrictModel):
     telemetry: Telemetry = Telemetry()
     sessions: Sessions = Sessions()
     quotas: QuotaSettings = QuotaSettings()
+    fleet: FleetSettings = FleetSettings()
 
     @model_validator(mode="before")
     @classmethod
     def _merge_catalog(cls, data: Any) -> Any:
         return merge_catalog(data)
+
+    @property
+    def fleet_redis(self) -> SecretSource | None:
+        """Where replicas share their state: `fleet.redis_url`, else the quotas' Redis."""
+        if not self.fleet.enabled:
+            return None
+        return self.fleet.redis_url or self.quotas.redis_url
 
     @property
     def observation_retention_seconds(self) -> int:

@@ -43,6 +43,16 @@ class SessionStore:
         self._max = max_entries
         self._clock = clock
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        # With fleet sharing (fleet/pins.py): sessions written here since the last round.
+        self.journal: list[tuple[str, Session]] | None = None
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self._ttl
+
+    @property
+    def max_entries(self) -> int:
+        return self._max
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -69,7 +79,22 @@ class SessionStore:
     def forget(self, key: str) -> None:
         self._sessions.pop(key, None)
 
+    def used_elsewhere(self, key: str, session: Session) -> bool:
+        """Another replica's turn of a session (`last_used` on this clock): taken unless
+        a later turn is held here or the session has expired."""
+        held = self._sessions.get(key)
+        if ((held is not None and held.last_used > session.last_used)
+                or self._clock() - session.last_used >= self._ttl):
+            return False
+        self._store(key, session)
+        return True
+
     def _put(self, key: str, session: Session) -> None:
+        self._store(key, session)
+        if self.journal is not None and len(self.journal) < self._max:
+            self.journal.append((key, session))
+
+    def _store(self, key: str, session: Session) -> None:
         self._sessions.pop(key, None)
         self._sessions[key] = session
         while len(self._sessions) > self._max:

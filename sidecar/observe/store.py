@@ -29,8 +29,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from sidecar.observe.histogram import Histogram
 from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.slice_counts import SliceCounts
 from sidecar.routing.observations import TargetObservations
 
 Clock = Callable[[], float]
@@ -38,70 +38,16 @@ MAX_CACHED = 1024
 
 
 @dataclass
-class _Counts:
-    """Additive figures: a slice, or the running total of the live slices."""
-
-    start: int = -1                    # slice number (time // slice_seconds); -1 = unused
-    count: int = 0
-    outcomes: dict[Outcome, int] = field(default_factory=dict)
-    failed_over: int = 0
-    latency: Histogram = field(default_factory=Histogram)
-    ttfb: Histogram = field(default_factory=Histogram)
-    per_token: Histogram = field(default_factory=Histogram)
-    tokens: float = 0.0
-    token_seconds: float = 0.0
-    input_tokens: float = 0.0          # of `ok` replies that reported their input
-    cache_read_tokens: float = 0.0     # and the part of it read from the prompt cache
-
-    def add(self, observation: Observation) -> None:
-        self.count += 1
-        self.outcomes[observation.outcome] = self.outcomes.get(observation.outcome, 0) + 1
-        self.failed_over += int(observation.failed_over)
-        if observation.outcome is Outcome.OK:
-            if observation.latency_ms is not None:
-                self.latency.add(observation.latency_ms)
-            if observation.ttfb_ms is not None:
-                self.ttfb.add(observation.ttfb_ms)
-            per_token = observation.ms_per_output_token
-            if per_token is not None:
-                self.per_token.add(per_token)
-            if observation.output_tokens_per_s is not None:
-                self.tokens += observation.output_tokens or 0
-                self.token_seconds += (observation.upstream_ms or 0) / 1000
-            if observation.input_tokens:
-                self.input_tokens += observation.input_tokens
-                self.cache_read_tokens += min(observation.cache_read_tokens or 0,
-                                              observation.input_tokens)
-
-    def merge(self, other: _Counts, sign: int = 1) -> None:
-        self.count += sign * other.count
-        for outcome, n in other.outcomes.items():
-            remaining = self.outcomes.get(outcome, 0) + sign * n
-            if remaining:
-                self.outcomes[outcome] = remaining
-            else:
-                self.outcomes.pop(outcome, None)
-        self.failed_over += sign * other.failed_over
-        self.latency.merge(other.latency, sign)
-        self.ttfb.merge(other.ttfb, sign)
-        self.per_token.merge(other.per_token, sign)
-        self.tokens += sign * other.tokens
-        self.token_seconds += sign * other.token_seconds
-        self.input_tokens += sign * other.input_tokens
-        self.cache_read_tokens += sign * other.cache_read_tokens
-
-    def copy(self) -> _Counts:
-        duplicate = _Counts(self.start)
-        duplicate.merge(self)
-        return duplicate
-
-
-@dataclass
 class _Target:
-    ring: list[_Counts]
-    total: _Counts = field(default_factory=_Counts)
+    ring: list[SliceCounts]
+    total: SliceCounts = field(default_factory=SliceCounts)
     expired_up_to: int = -1            # slices before this are out of `total`
-    lifetime: _Counts = field(default_factory=_Counts)
+    lifetime: SliceCounts = field(default_factory=SliceCounts)
+    # With fleet sharing only: this replica's own counts of its last two slices (what it
+    # publishes), and what other replicas' published slices added: (replica, their slice
+    # number) → (our slice number, counts), so that a newer copy replaces, never adds.
+    own: dict[int, SliceCounts] = field(default_factory=dict)
+    remote: dict[tuple[str, int], tuple[int, SliceCounts]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,7 +55,7 @@ class Tally:
     """What had been observed for one target when it was taken (opaque to the router)."""
 
     number: int
-    counts: _Counts
+    counts: SliceCounts
 
 
 @dataclass(frozen=True)
@@ -138,6 +84,20 @@ class ObservationStore:
         # target → when (this clock) its provider may be called again; one entry a target.
         self._max_retry_after = max_retry_after_s
         self._cooling: dict[str, float] = {}
+        self._sharing = False  # fleet/observations.py turns it on
+
+    @property
+    def slice_seconds(self) -> int:
+        return self._slice_seconds
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def holds(self) -> dict[str, float]:
+        """Targets whose providers asked to wait: until when, on this store's clock."""
+        now = self._clock()
+        return {target: until for target, until in self._cooling.items() if until > now}
 
     @property
     def retention_seconds(self) -> int:
@@ -149,7 +109,7 @@ class ObservationStore:
         state = self._targets.get(observation.target)
         if state is None:
             state = self._targets[observation.target] = _Target(
-                [_Counts() for _ in range(self._ring_size)])
+                [SliceCounts() for _ in range(self._ring_size)])
         self._expire(state, now)
         piece = state.ring[current % self._ring_size]
         if piece.start != current:
@@ -158,6 +118,65 @@ class ObservationStore:
         piece.add(observation)
         state.total.add(observation)
         state.lifetime.add(observation)
+        if self._sharing:
+            own = state.own.get(current)
+            if own is None:
+                own = state.own[current] = SliceCounts(current)
+                for number in [n for n in state.own if n < current - 1]:
+                    del state.own[number]
+            own.add(observation)
+
+    def share(self) -> None:
+        """From now on keep this replica's own counts apart (fleet/observations.py)."""
+        self._sharing = True
+
+    def own_slices(self) -> list[tuple[str, int, SliceCounts]]:
+        """This replica's own counts of the current and the previous slice, per target:
+        what it publishes each round (a finished slice once more, then no longer)."""
+        current = self._slice(self._clock())
+        shared = []
+        for target, state in self._targets.items():
+            for number in list(state.own):
+                if number < current - 1:
+                    del state.own[number]
+                else:
+                    shared.append((target, number, state.own[number]))
+        return shared
+
+    def merge_remote(self, target: str, source: tuple[str, int], local_slice: int,
+                     counts: SliceCounts) -> bool:
+        """Another replica's published slice `source` (its name, its slice number), placed
+        in our slice `local_slice`: added to the ring, the total and the lifetime, replacing
+        the copy of it merged before. False when that slice is no longer live here."""
+        now = self._clock()
+        state = self._targets.get(target)
+        if state is None:
+            state = self._targets[target] = _Target(
+                [SliceCounts() for _ in range(self._ring_size)])
+        self._expire(state, now)
+        first_live = self._slice(now - self._retention)
+        # Replicas' slice boundaries differ by up to one slice: one a little ahead of ours
+        # is placed in our current slice (and moves on with it when it is published again).
+        local_slice = min(local_slice, self._slice(now))
+        if local_slice < first_live:
+            return False
+        before = state.remote.get(source)
+        if before is not None:
+            placed, old = before
+            piece = state.ring[placed % self._ring_size]
+            if piece.start == placed:
+                piece.merge(old, -1)
+                state.total.merge(old, -1)
+            state.lifetime.merge(old, -1)
+        piece = state.ring[local_slice % self._ring_size]
+        if piece.start != local_slice:
+            piece.__init__()  # type: ignore[misc]  # not live: already out of the total
+            piece.start = local_slice
+        piece.merge(counts)
+        state.total.merge(counts)
+        state.lifetime.merge(counts)
+        state.remote[source] = (local_slice, counts)
+        return True
 
     def get(self, target_key: str, window_seconds: int) -> TargetObservations:
         """`ObservationView` for the routing core: cheap, at most `refresh_seconds` old."""
@@ -182,7 +201,7 @@ class ObservationStore:
         """`ObservationView.tally`: a mark to ask `since` about later."""
         self._tallies += 1
         state = self._targets.get(target_key)
-        return Tally(self._tallies, state.lifetime.copy() if state else _Counts())
+        return Tally(self._tallies, state.lifetime.copy() if state else SliceCounts())
 
     def since(self, target_key: str, tally: object) -> TargetObservations:
         """`ObservationView.since`: figures over exactly what was observed after `tally`
@@ -193,7 +212,7 @@ class ObservationStore:
         if cached is not None and now - cached[0] < self._refresh:
             return cached[1]
         state = self._targets.get(target_key)
-        counts = state.lifetime.copy() if state else _Counts()
+        counts = state.lifetime.copy() if state else SliceCounts()
         counts.merge(tally.counts, -1)
         figures = _figures(counts)
         self._since_cache[tally.number] = (now, figures)
@@ -241,6 +260,8 @@ class ObservationStore:
             if 0 <= piece.start < first_live:
                 state.total.merge(piece, -1)
                 piece.start = -1
+        for source in [k for k, (placed, _) in state.remote.items() if placed < first_live]:
+            del state.remote[source]
         state.expired_up_to = first_live
 
     def _summarize(self, target: str, window: int, now: float) -> WindowSummary:
@@ -254,7 +275,7 @@ class ObservationStore:
         if window >= self._retention:
             counts = state.total
         else:
-            counts = _Counts()
+            counts = SliceCounts()
             first, current = self._slice(now - window), self._slice(now)
             for piece in state.ring:
                 if first <= piece.start <= current:
@@ -267,7 +288,7 @@ class ObservationStore:
                              {outcome.value: n for outcome, n in counts.outcomes.items()})
 
 
-def _figures(counts: _Counts) -> TargetObservations:
+def _figures(counts: SliceCounts) -> TargetObservations:
     total = counts.count
 
     def rate(n: int) -> float:

@@ -15,6 +15,8 @@ from sidecar.envoy_config.addresses import split_host_port
 from sidecar.external.client import ExternalCalls
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
+from sidecar.fleet.assembly import fleet_channel
+from sidecar.fleet.channel import FleetChannel
 from sidecar.gateway import Gateway, Runtime
 from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
@@ -54,6 +56,7 @@ class RunningSidecar:
     metrics: Metrics
     processor: ExternalProcessor
     telemetry: TelemetryHandoff | None = field(default=None)
+    fleet: FleetChannel | None = field(default=None)
     reloader: Reloader | None = field(default=None)
     # External routing clients a reload replaced: closed once their calls are done.
     _retired: list[ExternalCalls] = field(default_factory=list)
@@ -75,6 +78,8 @@ class RunningSidecar:
         await self.admin.stop()
         await self.server.stop(grace=grace)
         await self.quotas.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
         for external in [self.gateway.external, *self._retired]:
@@ -134,6 +139,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     quotas = Quotas(config, longest_request_s(config))
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
                       telemetry=telemetry, external=external, caches=caches, quotas=quotas)
+    fleet = fleet_channel(config, gateway, store) if enabled else None
     sinks = [sink for sink in (telemetry, quotas.ledger) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
@@ -157,6 +163,11 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     add_cache_metrics(metrics, lambda: gateway.caches)
     add_quota_metrics(metrics, quotas)
     quotas.start()
+    if fleet is not None:
+        metrics.add_gauges(fleet.gauges)
+        metrics.add_counter("fleet_rounds", "fleet channel rounds by outcome", ("outcome",),
+                            lambda: {(k,): v for k, v in fleet.rounds.items()})
+        fleet.start()
     reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
@@ -164,11 +175,13 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         await admin.start()
     except OSError as exc:
         await server.stop(grace=0)
+        if fleet is not None:
+            await fleet.stop()
         if telemetry is not None:
             await telemetry.stop()
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
     return RunningSidecar(server, admin, store, gateway, receiver, quotas,
-                          longest_request_s(config), metrics, processor, telemetry)
+                          longest_request_s(config), metrics, processor, telemetry, fleet)
 
 
 def add_routing_metrics(metrics: Metrics, gateway: Gateway) -> None:

@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from sidecar.config.quotas import QuotaSettings
 from sidecar.dependency_names import redis_endpoint
+from sidecar.fleet.redis_client import ROUND_TIMEOUT_S, redis_client
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.quotas.counters import WINDOW_S, CounterKey, QuotaCounters
 
 log = logging.getLogger("sidecar.quotas")
 _limited = LogLimiter(log, burst=3, interval=60.0)
 
-ROUND_TIMEOUT_S = 2.0
 
 
 def redis_key(prefix: str, key: CounterKey) -> str:
@@ -34,25 +33,11 @@ def redis_key(prefix: str, key: CounterKey) -> str:
 
 class RedisReconciler:
     def __init__(self, counters: QuotaCounters, settings: QuotaSettings, url: str) -> None:
-        try:
-            import redis.asyncio as redis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
-        except ImportError:
-            raise ValueError("quotas.redis_url needs the redis package: install "
-                               "model-group-sidecar[redis]") from None
         self._counters = counters
         self._prefix = settings.key_prefix
         self.where = redis_endpoint(url)  # for log lines: host and port, no password
         self.interval_s = settings.reconcile_ms / 1000
-        try:
-            # No retries inside a round: the next round is the retry.
-            self._client: Any = redis.Redis.from_url(
-                url, socket_timeout=1.0, socket_connect_timeout=1.0,
-                retry=Retry(NoBackoff(), 0))
-        except ValueError:  # the message would quote the URL, which may hold a password
-            raise ValueError("quotas.redis_url is not a valid redis:// or rediss:// "
-                               "URL") from None
+        self._client = redis_client(url, "quotas.redis_url")
         self.up = False
         self.errors = 0
         self.rounds = 0

@@ -26,13 +26,24 @@ class AffinityOutcome(StrEnum):
 
 
 class AffinityStore:
-    __slots__ = ("_clock", "_max_entries", "_pins", "_ttl")
+    __slots__ = ("_clock", "_max_entries", "_pins", "_ttl", "journal")
 
     def __init__(self, ttl_seconds: float, max_entries: int, clock: Clock = time.monotonic):
         self._ttl = ttl_seconds
         self._max_entries = max_entries
         self._clock = clock
         self._pins: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        # With fleet sharing (fleet/pins.py): pins made here since the last round, as
+        # (key, index, created); at most `max_entries` of them are kept.
+        self.journal: list[tuple[bytes, int, float]] | None = None
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self._ttl
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -51,7 +62,24 @@ class AffinityStore:
             del self._pins[key]
         elif len(self._pins) >= self._max_entries:
             self._pins.popitem(last=False)
-        self._pins[key] = (index, self._clock())
+        created = self._clock()
+        self._pins[key] = (index, created)
+        if self.journal is not None and len(self.journal) < self._max_entries:
+            self.journal.append((key, index, created))
+
+    def pinned_elsewhere(self, key: bytes, index: int, created: float) -> bool:
+        """Another replica's pin (its creation time on this clock): taken unless a newer
+        pin for the key is held here or it has already expired; it keeps its creation
+        time (TTL is not extended by sharing either)."""
+        held = self._pins.get(key)
+        if (held is not None and held[1] > created) or self._clock() - created >= self._ttl:
+            return False
+        if held is not None:
+            del self._pins[key]
+        elif len(self._pins) >= self._max_entries:
+            self._pins.popitem(last=False)
+        self._pins[key] = (index, created)
+        return True
 
     def adopt(self, previous: AffinityStore, index_map: dict[int, int]) -> None:
         """A reload's carry-over: `previous`'s pins to targets that stayed the same

@@ -72,6 +72,9 @@ class Ejections:
         self._ejected: dict[str, _Ejected] = {}
         self._reentered: dict[str, _Reentered] = {}
         self._decisions = 0
+        # With fleet sharing (fleet/ejections.py): this replica's own ejections and
+        # re-entries since the last round, as (label, ejected until or None: back in, count).
+        self.journal: list[tuple[str, float | None, int]] | None = None
 
     def now(self) -> float:
         return self._clock()
@@ -107,6 +110,8 @@ class Ejections:
         if now - back.at >= self._window:
             del self._reentered[label]  # long since back: forgotten, the group goes idle
             return None
+        if back.tally is None:  # re-entered on another replica's probes
+            back.tally = observations.tally(label)
         return observations.since(label, back.tally)
 
     def reentered(self, label: str) -> bool:
@@ -123,10 +128,32 @@ class Ejections:
             count = 1
         seconds = min(self.base_seconds * 2 ** min(count - 1, 16), self.max_seconds)
         self._ejected[label] = _Ejected(now + seconds, count)
+        if self.journal is not None:
+            self.journal.append((label, now + seconds, count))
 
     def reenter(self, label: str, now: float) -> None:
         state = self._ejected.pop(label)
         self._reentered[label] = _Reentered(now, state.count, state.tally)
+        if self.journal is not None:
+            self.journal.append((label, None, state.count))
+
+    def ejected_elsewhere(self, label: str, until: float, count: int) -> None:
+        """Another replica ejected `label` until `until` (this clock): out here too, at
+        least as long; its probes start here when that ejection ends."""
+        state = self._ejected.get(label)
+        if state is not None:
+            if until > state.until:  # probing here, failed there: probing starts afresh
+                self._ejected[label] = _Ejected(until, max(state.count, count))
+            return
+        self._reentered.pop(label, None)
+        self._ejected[label] = _Ejected(until, count)
+
+    def reentered_elsewhere(self, label: str, now: float) -> None:
+        """Another replica's probes brought `label` back: in here too, judged on what it
+        does from now on (the tally is taken at the next decision) until a window passed."""
+        state = self._ejected.pop(label, None)
+        if state is not None:
+            self._reentered[label] = _Reentered(now, state.count, None)
 
     def probe_due(self, label: str, now: float, evidence: int) -> bool:
         """Whether this decision carries a probe to `label`: one decision in

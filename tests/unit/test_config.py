@@ -153,7 +153,7 @@ INVALID = [
      "models.g.targets[0].pricing.input_per_mtok: must be a finite number"),
     ("routes: {}", "models: is required"),
     ("models: {g: {targets: [%s]}}\nroutes: {}" % GOOD_TARGET,
-     "routes: unknown key (allowed: callers, limits, models, observations, providers, "
+     "routes: unknown key (allowed: callers, fleet, limits, models, observations, providers, "
      "quotas, sessions, telemetry)"),
     ("models: {g: [", "not valid YAML at line"),
 ]

@@ -142,6 +142,7 @@ models:
   g: {{targets: [{{provider: p, model_ref: m}}], response_cache: {{}}}}
 telemetry: {{sqlite_path: '{db}'}}
 quotas: {{redis_url: {{file: '{url_file}'}}}}
+fleet: {{publish_ms: 50}}
 """)
     config = load_config_text(path.read_text())
 

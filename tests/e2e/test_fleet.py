@@ -1,0 +1,172 @@
+"""Three replicas, one gateway (issue #30): three `sidecar up` processes (each its own
+Envoy) share one real Redis (Debian's redis-server) through `fleet:` and stand behind
+Debian's HAProxy, round-robin, health-checking each replica's `GET /ready`.
+
+- A target one replica ejects is ejected by the other two within a round or two, and
+  their observations hold the evidence the first one saw.
+- Conversations stay on their first turn's target whichever replica serves a follow-up
+  (round-robin: without shared pins about half would move)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
+from sidecar.devstack.providers import Behaviour, FakeProvider
+from tests.e2e.test_rolling_restart import HAPROXY, HAPROXY_BIN
+from tests.redis_server import redis_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    HAPROXY_BIN is None, reason="HAProxy is not installed (.ci/services installs Debian's)")]
+TOKEN = "fleet-caller-token"
+PROVIDERS = ("alpha", "beta", "gamma", "delta")
+CONFIG = """\
+providers:
+{providers}
+callers: [{{name: fleet, token_sha256: {digest}}}]
+observations: {{flush_interval_ms: 50, refresh_ms: 50, slice_seconds: 5}}
+fleet: {{redis_url: {{env: FLEET_REDIS}}, publish_ms: 200}}
+models:
+  sick:
+    strategy: dynamic_score
+    targets:
+      - {{provider: alpha, model_ref: alpha-m, weight: 50}}
+      - {{provider: beta, model_ref: beta-m, weight: 50}}
+    routing_policy:
+      dynamic_score:
+        min_observations: 5
+        observation_window_seconds: 60
+        affinity: {{enabled: false}}
+        thresholds: {{max_error_rate: 0.2}}
+  pinned:
+    strategy: dynamic_score
+    targets:
+      - {{provider: gamma, model_ref: gamma-m, weight: 50}}
+      - {{provider: delta, model_ref: delta-m, weight: 50}}
+    routing_policy:
+      dynamic_score:
+        observation_window_seconds: 60
+        affinity: {{ttl_seconds: 600}}
+"""
+
+
+@dataclass
+class Fleet:
+    replicas: list[UpProcess]
+    providers: dict[str, FakeProvider]
+    balancer_port: int
+
+    def chat(self, port: int, group: str, messages: list[dict]) -> int:
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                            headers={"authorization": f"Bearer {TOKEN}"},
+                            json={"model": group, "messages": messages})
+        return answer.status_code
+
+    def metric(self, replica: UpProcess, name: str, labels: str = "") -> float | None:
+        text = httpx.get(f"http://127.0.0.1:{replica.admin_http_port}/metrics",
+                         timeout=5).text
+        found = re.search(rf"^sidecar_{name}(?:{{{re.escape(labels)}}})? (\S+)$", text,
+                          re.MULTILINE)
+        return float(found.group(1)) if found else None
+
+    def observed(self, replica: UpProcess, target: str) -> int:
+        figures = httpx.get(f"http://127.0.0.1:{replica.admin_http_port}/observations",
+                            timeout=5).json()["targets"].get(target, {})
+        return int(figures.get("count", 0))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    fakes = {name: FakeProvider(name, behaviour=Behaviour()) for name in PROVIDERS}
+    with (contextlib.ExitStack() as running, redis_server() as redis,
+          ProviderThread(list(fakes.values())) as providers):
+        lines = [f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null}}"
+                 for name in PROVIDERS]
+        config = tmp / "config.yaml"
+        config.write_text(CONFIG.format(providers="\n".join(lines),
+                                        digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
+        replicas = [UpProcess(["--config", str(config), "--replica", f"r{i}"],
+                              env={"FLEET_REDIS": redis.url}, log_path=tmp / f"r{i}.log")
+                    for i in range(3)]
+        for up in replicas:
+            running.enter_context(up.running())
+        port = free_port()
+        servers = "\n".join(f"  server r{i} 127.0.0.1:{up.listen_port} check"
+                            for i, up in enumerate(replicas))
+        (tmp / "haproxy.cfg").write_text(HAPROXY.format(port=port, servers=servers))
+        log = (tmp / "haproxy.log").open("w")
+        balancer = subprocess.Popen([str(HAPROXY_BIN), "-f", str(tmp / "haproxy.cfg"), "-db"],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        try:
+            made = Fleet(replicas, fakes, port)
+            _until(lambda: all(made.metric(up, "fleet_up") == 1.0 for up in replicas),
+                   "every replica's fleet channel up")
+            yield made
+        finally:
+            balancer.terminate()
+            balancer.wait(10)
+            log.close()
+
+
+def _until(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+
+
+def test_a_target_ejected_by_one_replica_is_ejected_by_all(fleet: Fleet) -> None:
+    first, *others = fleet.replicas
+    fleet.providers["beta"].behaviour = Behaviour(status=503)
+    try:
+        sent = 0
+        while fleet.metric(first, "ejected_targets", 'group="sick"') != 1.0:
+            fleet.chat(first.listen_port, "sick", [{"role": "user", "content": f"q{sent}"}])
+            sent += 1
+            assert sent < 200, "the first replica never ejected the failing target"
+        evidence = fleet.observed(first, "beta/beta-m")
+        # Within a round or two (200 ms each), without a request of their own.
+        _until(lambda: all(fleet.metric(up, "ejected_targets", 'group="sick"') == 1.0
+                           for up in others), "the other replicas eject it too", 5.0)
+        for up in others:
+            assert fleet.observed(up, "beta/beta-m") >= evidence
+        before = len(fleet.providers["beta"].received)
+        for index in range(30):  # the other replicas send it nothing but probes
+            assert fleet.chat(others[index % 2].listen_port, "sick",
+                              [{"role": "user", "content": f"after{index}"}]) == 200
+        assert len(fleet.providers["beta"].received) - before <= 4
+    finally:
+        fleet.providers["beta"].behaviour = Behaviour()
+
+
+def test_follow_up_turns_keep_their_target_through_round_robin(fleet: Fleet) -> None:
+    conversations = 25  # not a multiple of 3: a follow-up reaches another replica
+    for index in range(conversations):
+        assert fleet.chat(fleet.balancer_port, "pinned",
+                          [{"role": "user", "content": f"conversation {index}"}]) == 200
+    time.sleep(0.6)  # turns at least one round (200 ms) apart: here three
+    for turn in range(3):
+        for index in range(conversations):
+            messages = [{"role": "user", "content": f"conversation {index}"},
+                        {"role": "assistant", "content": "an answer"},
+                        {"role": "user", "content": f"follow-up {turn}"}]
+            assert fleet.chat(fleet.balancer_port, "pinned", messages) == 200
+    moved = []
+    for index in range(conversations):
+        marker = f"conversation {index}\"".encode()
+        served_by = {name for name in ("gamma", "delta")
+                     for request in fleet.providers[name].received if marker in request.body}
+        if len(served_by) != 1:
+            moved.append(index)
+    # Without shared pins this fails: 16 of 25 conversations moved (fleet.enabled false).
+    assert not moved, f"conversations whose turns reached two targets: {moved}"
