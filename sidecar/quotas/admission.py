@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import read_secret
 from sidecar.dialects.errors import ClientError
-from sidecar.quotas.counters import SLICE_PENDING, QuotaCounters, Refusal
+from sidecar.quotas.counters import LEASE_PENDING, QuotaCounters, Refusal
 from sidecar.quotas.ledger import QuotaLedger
 from sidecar.quotas.shared import ROUND_TIMEOUT_S, RedisReconciler
 
@@ -90,11 +90,11 @@ class Quotas:
 
 
 def refusal_error(refusal: Refusal) -> ClientError:
-    if refusal.reason.endswith(SLICE_PENDING):
-        return ClientError(429, "This gateway replica has admitted its share of this "
-                                "caller's requests_per_minute until it next hears the other "
-                                f"replicas' counts (the caller is under its limit); retry "
-                                f"after {refusal.retry_after_s} s.", code="rate_limit_exceeded")
+    if refusal.reason.endswith(LEASE_PENDING):
+        return ClientError(429, "This gateway replica has used its share of this caller's "
+                                "requests_per_minute until its next lease arrives (the "
+                                "caller is under its limit); retry after "
+                                f"{refusal.retry_after_s} s.", code="rate_limit_exceeded")
     scope, _, limit = refusal.reason.partition("_")
     which = "this caller's" if scope == "caller" else "this caller's limit for this model group:"
     return ClientError(429, f"Quota exceeded ({which} {limit}); retry after "

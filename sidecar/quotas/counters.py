@@ -2,9 +2,13 @@
 
 Pure and clocked: no I/O. A counter holds `known` (the total of all replicas at the last
 reconciliation; 0 without Redis) and `unsynced` (what this process counted since). The
-check compares their sum with the limit; with a shared store, a replica may also not run
-more than one `slice` of a request limit ahead of its last reconciliation (docs/quotas.md
-§3: the bound on over-admission)."""
+check compares their sum with the limit. With a shared store that answers, a request limit
+is admitted from a *lease* instead: units this replica reserved in Redis, where the
+reservations of all replicas together never pass the limit (quotas/shared.py); a replica
+whose lease is empty may admit one request on credit per round while the fleet is under
+the limit (as many as its last lease held, in a window's first round), so a caller's
+first request on a replica is not refused (docs/quotas.md §3: the bound on
+over-admission)."""
 
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ WINDOW_S = {"requests_per_minute": 60, "tokens_per_day": 86_400, "spend_per_day_
 ALL_GROUPS = "*"
 
 # The suffix of a refusal's reason when the caller is under its limit but this replica has
-# admitted its slice since it last heard the other replicas' counts.
-SLICE_PENDING = "_slice_pending"
+# used its lease and its credit until its next lease arrives (the next round).
+LEASE_PENDING = "_lease_pending"
 
 # (caller, scope: a group or ALL_GROUPS, limit name, window number)
 CounterKey = tuple[str, str, str, int]
@@ -31,6 +35,14 @@ CounterKey = tuple[str, str, str, int]
 class Counter:
     known: float = 0.0
     unsynced: float = 0.0
+    # Request limits with a shared store: units reserved here and not yet used, requests
+    # admitted since the last round (the next lease is sized on them), what may still be
+    # admitted on credit until the next round (counted in `unsynced`), and the size of the
+    # last lease asked for.
+    lease: float = 0.0
+    admitted: int = 0
+    credit: float = 1.0
+    size: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +81,46 @@ class QuotaCounters:
                 window = WINDOW_S[name]
                 counter = self._counter((caller, scope, name, int(now // window)))
                 prefix = "caller" if scope == ALL_GROUPS else "group"
+                leased = self.sliced and name == "requests_per_minute"
+                if counter.lease >= 1:  # reserved in Redis: good while Redis is down too
+                    request_counters.append(counter)
+                    continue
                 if counter.known + counter.unsynced >= limit:
                     return Refusal(f"{prefix}_{name}", _until_next(now, window))
+                if leased and counter.credit < 1:
+                    # Not over the limit: this replica waits for its next lease (issue #30:
+                    # it used to give the over-limit reason).
+                    return Refusal(f"{prefix}_{name}{LEASE_PENDING}", 1)
                 if name == "requests_per_minute":
-                    if self.sliced and counter.unsynced >= _slice(limit, self._slice_percent):
-                        # Not over the limit: this replica's share until the next round
-                        # (issue #30: it used to give the over-limit reason).
-                        return Refusal(f"{prefix}_{name}{SLICE_PENDING}", 1)
                     request_counters.append(counter)
         for counter in request_counters:
-            counter.unsynced += 1
+            counter.admitted += 1
+            if counter.lease >= 1:
+                counter.lease -= 1
+            else:
+                counter.unsynced += 1
+                if self.sliced:
+                    counter.credit -= 1
         return None
+
+    def lease_size(self, limit: float, counter: Counter) -> float:
+        """How many units the next lease should hold: four times what this replica admitted
+        in the last round, and four more (a rate that jumps fourfold from one round to the
+        next is still served), at most one slice of the limit."""
+        return float(min(_slice(limit, self._slice_percent), 4 * counter.admitted + 4))
+
+    def window_of(self, key: CounterKey) -> int:
+        """The number of the window open now for `key`'s limit."""
+        return int(self._clock() // WINDOW_S[key[2]])
+
+    def limit_of(self, key: CounterKey) -> float | None:
+        caller, scope, name, _window = key
+        quotas = self._quotas.get(caller)
+        if quotas is None:
+            return None
+        limits = quotas if scope == ALL_GROUPS else quotas.per_group.get(scope)
+        value = getattr(limits, name, None) if limits is not None else None
+        return None if value is None else float(value)
 
     def used(self, caller: str, group: str, tokens: int, cost_usd: float, at: float) -> None:
         """A finished request's tokens and spend, counted in the window it started in."""
@@ -112,6 +153,12 @@ class QuotaCounters:
         counter = self.counters.get(key)
         if counter is None:
             counter = self.counters[key] = Counter()
+            # A new window starts with the credit of the lease the last one had, so a busy
+            # replica is not held to one request on credit at every window's start.
+            caller, scope, name, window = key
+            before = self.counters.get((caller, scope, name, window - 1))
+            if before is not None:
+                counter.credit = max(1.0, before.size)
         return counter
 
 

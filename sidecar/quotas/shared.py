@@ -3,9 +3,12 @@
 A background task, never the request path: every `reconcile_ms` it adds what this process
 counted since the last round to one Redis key per counter (`INCRBYFLOAT`, with an expiry
 past the window's end), reads back the total of all replicas, and hands it to the
-counters. While Redis answers, each replica stays within one slice of a request limit past
-that total; when it does not, admission goes on against the local counters (fail open to
-local limits) and `up` says so."""
+counters. For request limits it also renews this replica's lease: one Lua script reserves
+up to the lease size in the same key, never past the limit, so the leases of all replicas
+together never exceed it; a replica that admitted nothing in the last round hands its
+lease back, so an idle replica cannot starve busy ones. When Redis does not answer,
+admission goes on against the local counters (fail open to local limits) and `up` says
+so."""
 
 from __future__ import annotations
 
@@ -17,9 +20,25 @@ from sidecar.config.quotas import QuotaSettings
 from sidecar.dependency_names import redis_endpoint
 from sidecar.fleet.redis_client import ROUND_TIMEOUT_S, redis_client
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.quotas.counters import WINDOW_S, CounterKey, QuotaCounters
+from sidecar.quotas.counters import WINDOW_S, Counter, CounterKey, QuotaCounters
 
 log = logging.getLogger("sidecar.quotas")
+
+# KEYS[1]: the counter; ARGV: units wanted (negative: handed back), the limit, the expiry.
+# Returns the units granted and the new total, as strings (Lua numbers would be truncated).
+_LEASE = """
+local total = tonumber(redis.call('GET', KEYS[1]) or '0')
+local want = tonumber(ARGV[1])
+local grant = want
+if want > 0 then
+  grant = math.max(0, math.min(want, math.floor(tonumber(ARGV[2]) - total)))
+end
+if grant ~= 0 then
+  total = tonumber(redis.call('INCRBYFLOAT', KEYS[1], grant))
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {tostring(grant), tostring(total)}
+"""
 _limited = LogLimiter(log, burst=3, interval=60.0)
 
 
@@ -55,31 +74,51 @@ class RedisReconciler:
         """One round; False (and local limits only) when Redis did not answer."""
         items = [(key, counter, counter.unsynced) for key, counter in self._counters.current()]
         pipe = self._client.pipeline(transaction=False)
-        if not items:  # nothing to add: still learn whether Redis answers
-            pipe.ping()
-        for key, _counter, amount in items:
+        pipe.ping()  # so that a round with nothing to count still learns whether Redis answers
+        plans = []
+        for key, counter, amount in items:
             name = redis_key(self._prefix, key)
+            expiry = WINDOW_S[key[2]] + 60
             if amount:
                 pipe.incrbyfloat(name, amount)
-                pipe.expire(name, WINDOW_S[key[2]] + 60)
+                pipe.expire(name, expiry)
+            limit = self._counters.limit_of(key) if key[2] == "requests_per_minute" else None
+            if limit is not None and key[3] == self._counters.window_of(key):
+                wanted = self._wanted(limit, counter)
+                pipe.eval(_LEASE, 1, name, wanted, limit, expiry)
             else:
+                wanted = None
                 pipe.get(name)
+            plans.append((counter, amount, wanted))
         try:
             results = await asyncio.wait_for(pipe.execute(), ROUND_TIMEOUT_S)
         except Exception as exc:
             self._failed(exc)
             return False
-        answers = iter(results[1:] if not items else results)
-        for _key, counter, amount in items:
-            total = next(answers)
+        answers = iter(results[1:])
+        for counter, amount, wanted in plans:
             if amount:
-                next(answers)  # the expiry's answer
+                next(answers), next(answers)  # the addition and the expiry
                 counter.unsynced -= amount
-            counter.known = float(total or 0.0)
+            answer = next(answers)
+            if wanted is None:
+                counter.known = float(answer or 0.0)
+            else:
+                granted, total = answer
+                counter.lease += float(granted)
+                counter.known = float(total)
+            counter.admitted, counter.credit = 0, 1.0
         self.up = True
         self._counters.sliced = True
         self.rounds += 1
         return True
+
+    def _wanted(self, limit: float, counter: Counter) -> float:
+        """Units to reserve (negative: to hand back) for a request limit's lease."""
+        if counter.admitted == 0:
+            return -counter.lease  # idle: give the lease back (0 when there is none)
+        counter.size = self._counters.lease_size(limit, counter)
+        return max(0.0, counter.size - counter.lease)
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1

@@ -72,19 +72,28 @@ def test_tokens_and_spend_per_day_count_when_used() -> None:
     assert quotas.admit("team", "basic").reason == "caller_spend_per_day_usd"
 
 
-def test_a_shared_replica_keeps_within_its_slice() -> None:
+def test_a_shared_replica_admits_from_its_lease_and_one_request_on_credit() -> None:
     cfg = config(GROUPS + CALLERS.replace("requests_per_minute: 3", "requests_per_minute: 40"))
     quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
-    quotas.sliced = True  # Redis answered: slice = 10 % of 40 = 4 past the last total
-    assert [quotas.admit("team", "basic") for _ in range(4)] == [None] * 4
-    # Under the limit: its own reason, never the over-limit one (issue #30.3).
+    quotas.sliced = True  # Redis answered
+    counter = quotas._counter(("team", "*", "requests_per_minute", int(MIDNIGHT // 60)))
+    # No lease yet: one request on credit (a caller's first request is never refused) ...
+    assert quotas.admit("team", "basic") is None and counter.unsynced == 1
+    # ... then, under the limit, its own reason, never the over-limit one (issue #30.3).
     waiting = quotas.admit("team", "basic")
-    assert waiting == Refusal("caller_requests_per_minute_slice_pending", 1)
+    assert waiting == Refusal("caller_requests_per_minute_lease_pending", 1)
     error = refusal_error(waiting)
     assert error.status == 429 and "under its limit" in error.message
     assert "under its limit" not in refusal_error(
         Refusal("caller_requests_per_minute", 30)).message
+    counter.lease, counter.credit = 3.0, 1.0  # a round granted a lease
+    assert [quotas.admit("team", "basic") for _ in range(3)] == [None] * 3
+    assert counter.lease == 0 and counter.admitted == 4
+    assert quotas.lease_size(40, counter) == 4  # 4 × 4 + 4, but at most 10 % of 40
+    counter.known = 40.0  # the fleet reserved everything: the real over-limit reason
+    assert quotas.admit("team", "basic").reason == "caller_requests_per_minute"
     quotas.sliced = False  # Redis down: local limits only
+    counter.known = 0.0
     assert quotas.admit("team", "basic") is None
 
 
