@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from sidecar.config.strategy_policies import ResponseCache
 
+# Answers a round sends to other replicas at most (more stored between two rounds stay
+# local): the channel's bytes per round stay bounded by this × `max_entry_bytes`.
+JOURNAL_ENTRIES = 64
+
 
 @dataclass(frozen=True, slots=True)
 class CachedAnswer:
@@ -29,6 +33,8 @@ class AnswerStore:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # With `fleet: true` (fleet/answers.py): answers stored here since the last round.
+        self.journal: list[tuple[bytes, CachedAnswer]] | None = None
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -49,15 +55,33 @@ class AnswerStore:
         """Store an answer; False when it is larger than `max_entry_bytes`."""
         if len(body) > self.policy.max_entry_bytes:
             return False
+        answer = CachedAnswer(body, content_type, self._clock())
+        self._keep(key, answer)
+        if self.journal is not None and len(self.journal) < JOURNAL_ENTRIES:
+            self.journal.append((key, answer))
+        return True
+
+    def put_elsewhere(self, key: bytes, answer: CachedAnswer) -> bool:
+        """Another replica's answer (`stored_at` on this clock): kept unless it is too large,
+        has expired, or a newer answer for the key is held; its TTL runs from when it was
+        first stored (a hit, or sharing, does not extend it)."""
+        held = self._answers.get(key)
+        if (len(answer.body) > self.policy.max_entry_bytes
+                or self._clock() - answer.stored_at >= self.policy.ttl_seconds
+                or (held is not None and held.stored_at > answer.stored_at)):
+            return False
+        self._keep(key, answer)
+        return True
+
+    def _keep(self, key: bytes, answer: CachedAnswer) -> None:
         if key in self._answers:
             self._drop(key)
-        self._answers[key] = CachedAnswer(body, content_type, self._clock())
-        self.bytes += len(body)
+        self._answers[key] = answer
+        self.bytes += len(answer.body)
         while (len(self._answers) > self.policy.max_entries
                or self.bytes > self.policy.max_bytes):
             self._drop(next(iter(self._answers)))
             self.evictions += 1
-        return True
 
     def _drop(self, key: bytes) -> None:
         self.bytes -= len(self._answers.pop(key).body)

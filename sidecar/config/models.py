@@ -308,6 +308,15 @@ class SidecarConfig(StrictModel):
     def _merge_catalog(cls, data: Any) -> Any:
         return merge_catalog(data)
 
+    @model_validator(mode="after")
+    def _fleet_caches_need_a_fleet(self) -> SidecarConfig:
+        if self.fleet_redis is None:
+            for name, group in self.models.items():
+                if group.response_cache is not None and group.response_cache.fleet:
+                    raise ValueError(f"models.{name}.response_cache.fleet needs a fleet "
+                                     "Redis: set fleet.redis_url or quotas.redis_url")
+        return self
+
     @property
     def fleet_redis(self) -> SecretSource | None:
         """Where replicas share their state: `fleet.redis_url`, else the quotas' Redis."""

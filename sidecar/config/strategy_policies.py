@@ -105,6 +105,9 @@ class ResponseCache(StrictModel):
     max_entry_bytes: Annotated[PositiveInt, bounded(1, 64 * 1024 * 1024)] = 1024 * 1024
     # Share entries across callers; off, a caller only ever gets its own cached answers.
     shared: bool = False
+    # Share entries across replicas through the fleet channel (docs/fleet.md §3a); needs a
+    # fleet Redis, and is off by default (answers travel through Redis).
+    fleet: bool = False
 
     @model_validator(mode="after")
     def _entry_fits(self) -> ResponseCache:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import read_secret
+from sidecar.fleet.answers import AnswerSharing
 from sidecar.fleet.channel import FleetChannel
 from sidecar.fleet.ejections import EjectionSharing
 from sidecar.fleet.observations import ObservationSharing
@@ -57,5 +58,6 @@ def fleet_channel(config: SidecarConfig, gateway: Gateway, store: ObservationSto
                            lambda: frozenset(gateway.runtime.cluster_targets.values())),
         EjectionSharing(prefix, me, ejections),
         PinSharing(prefix, me, pins, lambda: gateway.sessions, settings.max_shared_per_round),
+        AnswerSharing(prefix, me, lambda: gateway.caches),
     ]
     return FleetChannel(url, settings.publish_ms, parts, replica=me)

@@ -155,6 +155,8 @@ INVALID = [
     ("models: {g: {targets: [%s]}}\nroutes: {}" % GOOD_TARGET,
      "routes: unknown key (allowed: callers, fleet, limits, models, observations, providers, "
      "quotas, sessions, telemetry)"),
+    ("models: {g: {targets: [%s], response_cache: {fleet: true}}}" % GOOD_TARGET,
+     "models.g.response_cache.fleet needs a fleet Redis"),
     ("models: {g: [", "not valid YAML at line"),
 ]
 

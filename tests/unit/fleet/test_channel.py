@@ -169,3 +169,43 @@ def test_garbage_in_redis_is_skipped(redis: RedisServer) -> None:
             await replica.channel.stop()
 
     asyncio.run(run())
+
+
+def test_cached_answers_reach_the_other_replicas_with_their_ttl(redis: RedisServer) -> None:
+    from sidecar.cache.caches import ResponseCaches
+    from sidecar.cache.keys import cache_key
+    from sidecar.dialects.apis import Dialect
+    from sidecar.fleet.answers import AnswerSharing
+    from tests.unit.routing.helpers import config
+
+    cfg = config("""
+providers: {p: {base_url: "http://127.0.0.1:9/v1"}}
+quotas: {redis_url: {env: R}}
+models:
+  g: {targets: [{provider: p, model_ref: m}], response_cache: {fleet: true, ttl_seconds: 60}}
+  local: {targets: [{provider: p, model_ref: m}], response_cache: {}}
+""")
+
+    async def run() -> None:
+        wall = ManualClock(WALL)
+        clocks = [ManualClock(100.0), ManualClock(9_000.0)]
+        caches = [ResponseCaches(cfg, 60.0, clock) for clock in clocks]
+        channels = [FleetChannel(redis.url, 500, [AnswerSharing(
+            "t:", name, lambda c=c: c, clock, wall)], name, wall)
+            for name, c, clock in zip("ab", caches, clocks, strict=True)]
+        for channel in channels:
+            assert await channel.round()
+        key = cache_key("g", "caller", Dialect.OPENAI_CHAT, {"messages": []})
+        caches[0].stores["g"].put(key, b'{"answer": 1}', "application/json")
+        caches[0].stores["local"].put(key, b'{"answer": 2}', "application/json")
+        for channel in channels:
+            assert await channel.round()
+        held = caches[1].stores["g"].get(key)
+        assert held is not None and held.body == b'{"answer": 1}'
+        assert caches[1].stores["local"].get(key) is None  # that group did not opt in
+        clocks[1].now += 60  # the TTL from the first storage, on the other replica too
+        assert caches[1].stores["g"].get(key) is None
+        for channel in channels:
+            await channel.stop()
+
+    asyncio.run(run())
