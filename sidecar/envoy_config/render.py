@@ -99,7 +99,7 @@ from sidecar.envoy_config.fallback import (
 )
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
-from sidecar.envoy_config.readiness import readiness_filter
+from sidecar.envoy_config.readiness import readiness_filter, sidecar_health_check
 from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
 from sidecar.envoy_config.response_headers import response_header_filter
 from sidecar.envoy_config.routes import model_group_routes
@@ -387,6 +387,7 @@ def _ext_proc_cluster(address: str) -> Cluster:
         connect_timeout=timedelta(seconds=1),
         load_assignment=_endpoints(EXT_PROC_CLUSTER, host, port),
         typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
+        health_checks=[sidecar_health_check()],
     )
 
 

@@ -41,6 +41,7 @@ class Counter:
     # last lease asked for.
     lease: float = 0.0
     admitted: int = 0
+    pending: int = 0   # refused for want of a lease since the last round (demand too)
     credit: float = 1.0
     size: float = 0.0
 
@@ -90,6 +91,7 @@ class QuotaCounters:
                 if leased and counter.credit < 1:
                     # Not over the limit: this replica waits for its next lease (issue #30:
                     # it used to give the over-limit reason).
+                    counter.pending += 1
                     return Refusal(f"{prefix}_{name}{LEASE_PENDING}", 1)
                 if name == "requests_per_minute":
                     request_counters.append(counter)
@@ -104,10 +106,16 @@ class QuotaCounters:
         return None
 
     def lease_size(self, limit: float, counter: Counter) -> float:
-        """How many units the next lease should hold: four times what this replica admitted
-        in the last round, and four more (a rate that jumps fourfold from one round to the
-        next is still served), at most one slice of the limit."""
-        return float(min(_slice(limit, self._slice_percent), 4 * counter.admitted + 4))
+        """How many units the next lease should hold: four times what this replica was
+        asked for in the last round (admitted, or refused waiting for this lease), and four
+        more (a rate that jumps fourfold from one round to the next is still served); at
+        most one slice of the limit, and at most a quarter of what the fleet has not
+        reserved yet (near the limit leases shrink, so few units sit unused on one replica
+        while another refuses)."""
+        headroom = max(1, math.ceil((limit - counter.known) / 4))
+        return float(min(_slice(limit, self._slice_percent),
+                         4 * (counter.admitted + counter.pending) + 4,
+                         headroom))
 
     def window_of(self, key: CounterKey) -> int:
         """The number of the window open now for `key`'s limit."""

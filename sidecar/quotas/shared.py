@@ -107,7 +107,7 @@ class RedisReconciler:
                 granted, total = answer
                 counter.lease += float(granted)
                 counter.known = float(total)
-            counter.admitted, counter.credit = 0, 1.0
+            counter.admitted, counter.pending, counter.credit = 0, 0, 1.0
         self.up = True
         self._counters.sliced = True
         self.rounds += 1
@@ -115,7 +115,7 @@ class RedisReconciler:
 
     def _wanted(self, limit: float, counter: Counter) -> float:
         """Units to reserve (negative: to hand back) for a request limit's lease."""
-        if counter.admitted == 0:
+        if counter.admitted == 0 and counter.pending == 0:
             return -counter.lease  # idle: give the lease back (0 when there is none)
         counter.size = self._counters.lease_size(limit, counter)
         return max(0.0, counter.size - counter.lease)

@@ -126,9 +126,10 @@ def test_a_drain_fails_readiness_first_and_tells_keep_alive_clients_to_go(tmp_pa
 
 def test_serve_drains_while_envoy_is_there_and_ends_once_it_has_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`serve` without `--envoy-admin`, as compose runs it: a stream in flight at SIGTERM
-    completes; with Envoy still connected the drain goes on after it; once Envoy stops (as
-    `docker compose down` stops it, before the sidecar), the sidecar exits at once."""
+    """`serve` without `--envoy-admin`, as compose runs it: Envoy's `/ready` answers 503
+    within a health-check interval of SIGTERM, a stream in flight at SIGTERM completes;
+    with Envoy still connected the drain goes on after it; once Envoy stops (as `docker
+    compose down` stops it, before the sidecar), the sidecar exits at once."""
     words = " ".join(f"w{n}" for n in range(12))
     slow = FakeProvider("slow", api_key="key-slow",
                         behaviour=Behaviour(inter_event_delay_s=0.15, text=words))
@@ -173,8 +174,14 @@ def test_serve_drains_while_envoy_is_there_and_ends_once_it_has_gone(
                                       args=(client, received, first, failure))
             reader.start()
             assert first.wait(10)
+            assert httpx.get(f"http://{listen}/ready", timeout=5).status_code == 200
             signalled = time.monotonic()
             serve.send_signal(signal.SIGTERM)
+            # Envoy health-checks the sidecar every second: its /ready follows the
+            # sidecar's NOT_SERVING (issue #30: balancers notice a draining `serve`).
+            while httpx.get(f"http://{listen}/ready", timeout=5).status_code != 503:
+                assert time.monotonic() - signalled < 3.0, "/ready never followed the drain"
+                time.sleep(0.05)
             reader.join(20)
             assert failure == [] and "".join(received).split() == words.split()
             time.sleep(1.0)  # Envoy is still there: the drain goes on
