@@ -5,7 +5,11 @@ Debian's HAProxy, round-robin, health-checking each replica's `GET /ready`.
 - A target one replica ejects is ejected by the other two within a round or two, and
   their observations hold the evidence the first one saw.
 - Conversations stay on their first turn's target whichever replica serves a follow-up
-  (round-robin: without shared pins about half would move)."""
+  (round-robin: without shared pins about half would move).
+- An answer cached by one replica (`response_cache.fleet`) is a hit on the others.
+- Every answered request has one row in the shared PostgreSQL, naming its replica.
+- A caller's requests-per-minute limit holds for the fleet within one request per replica,
+  and a caller under its limit is not refused."""
 
 from __future__ import annotations
 
@@ -23,19 +27,28 @@ import pytest
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
 from tests.e2e.test_rolling_restart import HAPROXY, HAPROXY_BIN
+from tests.postgres_server import fresh_database
 from tests.redis_server import redis_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     HAPROXY_BIN is None, reason="HAProxy is not installed (.ci/services installs Debian's)")]
-TOKEN = "fleet-caller-token"
+TOKEN, LIMITED = "fleet-caller-token", "fleet-limited-token"
+QUOTA = 20
 PROVIDERS = ("alpha", "beta", "gamma", "delta")
 CONFIG = """\
 providers:
 {providers}
-callers: [{{name: fleet, token_sha256: {digest}}}]
+callers:
+  - {{name: fleet, token_sha256: {digest}}}
+  - {{name: limited, token_sha256: {limited}, quotas: {{requests_per_minute: {quota}}}}}
 observations: {{flush_interval_ms: 50, refresh_ms: 50, slice_seconds: 5}}
-fleet: {{redis_url: {{env: FLEET_REDIS}}, publish_ms: 200}}
+quotas: {{redis_url: {{env: FLEET_REDIS}}}}
+fleet: {{publish_ms: 200}}
+telemetry: {{postgres_dsn: {{env: FLEET_DSN}}}}
 models:
+  cached:
+    targets: [{{provider: alpha, model_ref: alpha-m}}]
+    response_cache: {{fleet: true}}
   sick:
     strategy: dynamic_score
     targets:
@@ -64,12 +77,16 @@ class Fleet:
     replicas: list[UpProcess]
     providers: dict[str, FakeProvider]
     balancer_port: int
+    dsn: str
 
-    def chat(self, port: int, group: str, messages: list[dict]) -> int:
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
-                            headers={"authorization": f"Bearer {TOKEN}"},
-                            json={"model": group, "messages": messages})
-        return answer.status_code
+    def chat(self, port: int, group: str, messages: list[dict], token: str = TOKEN) -> int:
+        return self.answer(port, group, messages, token).status_code
+
+    def answer(self, port: int, group: str, messages: list[dict],
+               token: str = TOKEN) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                          headers={"authorization": f"Bearer {token}"},
+                          json={"model": group, "messages": messages})
 
     def metric(self, replica: UpProcess, name: str, labels: str = "") -> float | None:
         text = httpx.get(f"http://127.0.0.1:{replica.admin_http_port}/metrics",
@@ -85,18 +102,21 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory, postgres_admin_dsn: str) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("fleet")
     fakes = {name: FakeProvider(name, behaviour=Behaviour()) for name in PROVIDERS}
     with (contextlib.ExitStack() as running, redis_server() as redis,
+          fresh_database(postgres_admin_dsn) as dsn,
           ProviderThread(list(fakes.values())) as providers):
         lines = [f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null}}"
                  for name in PROVIDERS]
         config = tmp / "config.yaml"
-        config.write_text(CONFIG.format(providers="\n".join(lines),
-                                        digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
+        config.write_text(CONFIG.format(
+            providers="\n".join(lines), digest=hashlib.sha256(TOKEN.encode()).hexdigest(),
+            limited=hashlib.sha256(LIMITED.encode()).hexdigest(), quota=QUOTA))
         replicas = [UpProcess(["--config", str(config), "--replica", f"r{i}"],
-                              env={"FLEET_REDIS": redis.url}, log_path=tmp / f"r{i}.log")
+                              env={"FLEET_REDIS": redis.url, "FLEET_DSN": dsn},
+                              log_path=tmp / f"r{i}.log")
                     for i in range(3)]
         for up in replicas:
             running.enter_context(up.running())
@@ -108,7 +128,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         balancer = subprocess.Popen([str(HAPROXY_BIN), "-f", str(tmp / "haproxy.cfg"), "-db"],
                                     stdout=log, stderr=subprocess.STDOUT)
         try:
-            made = Fleet(replicas, fakes, port)
+            made = Fleet(replicas, fakes, port, dsn)
             _until(lambda: all(made.metric(up, "fleet_up") == 1.0 for up in replicas),
                    "every replica's fleet channel up")
             yield made
@@ -170,3 +190,58 @@ def test_follow_up_turns_keep_their_target_through_round_robin(fleet: Fleet) -> 
             moved.append(index)
     # Without shared pins this fails: 16 of 25 conversations moved (fleet.enabled false).
     assert not moved, f"conversations whose turns reached two targets: {moved}"
+
+
+def test_an_answer_cached_by_one_replica_is_a_hit_on_the_others(fleet: Fleet) -> None:
+    first, *others = fleet.replicas
+    question = [{"role": "user", "content": f"cache me {time.monotonic()}"}]
+    before = len(fleet.providers["alpha"].received)
+    assert fleet.chat(first.listen_port, "cached", question) == 200
+    time.sleep(0.6)  # a round (200 ms) or more
+    for up in others:
+        assert fleet.chat(up.listen_port, "cached", question) == 200
+    assert len(fleet.providers["alpha"].received) - before == 1  # one upstream call
+
+
+def test_every_answer_has_one_row_naming_its_replica(fleet: Fleet) -> None:
+    import psycopg
+    marker = f"row check {time.monotonic()}"
+    for index, up in enumerate(fleet.replicas * 2):
+        assert fleet.chat(up.listen_port, "pinned",
+                          [{"role": "user", "content": f"{marker} {index}"}]) == 200
+
+    def replicas_with_rows() -> set[str]:
+        with psycopg.connect(fleet.dsn) as conn:
+            return {row[0] for row in conn.execute(
+                "SELECT DISTINCT replica FROM request_rows")}
+
+    _until(lambda: replicas_with_rows() >= {"r0", "r1", "r2"}, "rows from every replica")
+    with psycopg.connect(fleet.dsn) as conn:
+        duplicated = conn.execute("SELECT request_id FROM request_rows GROUP BY request_id "
+                                  "HAVING count(*) > 1").fetchall()
+    assert duplicated == []
+
+
+def test_a_quota_holds_for_the_fleet_and_refuses_only_over_the_limit(fleet: Fleet) -> None:
+    """45 requests at 10 a second through round-robin against a limit of 20 a minute: per
+    UTC minute at most the limit plus one per replica admitted, none refused before the
+    fleet reached the limit, and every refusal the over-limit one (issue #30.3)."""
+    seen: list[tuple[int, int, str]] = []  # (window, status, error message)
+    next_at = time.monotonic()
+    for index in range(45):
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        window = int(time.time() // 60)
+        answer = fleet.answer(fleet.balancer_port, "pinned",
+                              [{"role": "user", "content": f"quota {index}"}], LIMITED)
+        message = answer.json()["error"]["message"] if answer.status_code != 200 else ""
+        seen.append((window, answer.status_code, message))
+        next_at += 0.1
+    for window in {w for w, _, _ in seen}:
+        statuses = [(status, message) for w, status, message in seen if w == window]
+        admitted = sum(status == 200 for status, _ in statuses)
+        assert admitted <= QUOTA + len(fleet.replicas), statuses
+        refusals = [message for status, message in statuses if status != 200]
+        assert all("under its limit" not in m for m in refusals), refusals
+        if refusals:  # refused only once the fleet had its limit
+            assert admitted >= QUOTA, statuses
+            assert {status for status, _ in statuses if status != 200} == {429}

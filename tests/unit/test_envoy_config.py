@@ -323,6 +323,15 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
                                                  "envoy.filters.http.custom_response"]
     assert filters[1]["typed_config"]["metadata_options"] == {
         "receiving_namespaces": {"untyped": ["sidecar.route"]}}
+    # /ready follows the sidecar's gRPC health, which Envoy checks every second (issue #30).
+    assert filters[0]["typed_config"]["cluster_min_healthy_percentages"] == {
+        "sidecar_ext_proc": {"value": 100.0}}
+    ext_proc, = (c for c in document["static_resources"]["clusters"]
+                 if c["name"] == "sidecar_ext_proc")
+    check, = ext_proc["health_checks"]
+    assert check["grpc_health_check"] == {} or check["grpc_health_check"].get(
+        "service_name", "") == ""
+    assert check["interval"] == check["no_traffic_interval"] == "1s"
 
 
 def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_key() -> None:
