@@ -6,6 +6,7 @@ Debian's HAProxy, round-robin, health-checking each replica's `GET /ready`.
   their observations hold the evidence the first one saw.
 - Conversations stay on their first turn's target whichever replica serves a follow-up
   (round-robin: without shared pins about half would move).
+- A Chat-to-Responses session goes on, turn after turn, on whichever replica serves it.
 - An answer cached by one replica (`response_cache.fleet`) is a hit on the others.
 - Every answered request has one row in the shared PostgreSQL, naming its replica.
 - A caller's requests-per-minute limit holds for the fleet within one request per replica,
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     HAPROXY_BIN is None, reason="HAProxy is not installed (.ci/services installs Debian's)")]
 TOKEN, LIMITED = "fleet-caller-token", "fleet-limited-token"
 QUOTA = 20
-PROVIDERS = ("alpha", "beta", "gamma", "delta")
+PROVIDERS = ("alpha", "beta", "gamma", "delta", "resp")
 CONFIG = """\
 providers:
 {providers}
@@ -46,6 +47,8 @@ quotas: {{redis_url: {{env: FLEET_REDIS}}}}
 fleet: {{publish_ms: 200}}
 telemetry: {{postgres_dsn: {{env: FLEET_DSN}}}}
 models:
+  sessions:
+    targets: [{{provider: resp, model_ref: resp-m}}]
   cached:
     targets: [{{provider: alpha, model_ref: alpha-m}}]
     response_cache: {{fleet: true}}
@@ -108,7 +111,8 @@ def fleet(tmp_path_factory, postgres_admin_dsn: str) -> Iterator[Fleet]:
     with (contextlib.ExitStack() as running, redis_server() as redis,
           fresh_database(postgres_admin_dsn) as dsn,
           ProviderThread(list(fakes.values())) as providers):
-        lines = [f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null}}"
+        lines = [f"  {name}: {{base_url: '{providers.base_url(name)}', credential: null"
+                 + (", dialects: [openai_responses]}" if name == "resp" else "}")
                  for name in PROVIDERS]
         config = tmp / "config.yaml"
         config.write_text(CONFIG.format(
@@ -245,3 +249,27 @@ def test_a_quota_holds_for_the_fleet_and_refuses_only_over_the_limit(fleet: Flee
         if refusals:  # refused only once the fleet had its limit
             assert admitted >= QUOTA, statuses
             assert {status for status, _ in statuses if status != 200} == {429}
+
+
+def test_a_session_goes_on_whichever_replica_serves_its_turns(fleet: Fleet) -> None:
+    """Each turn on another replica: each carries the previous turn's response id and only
+    the new message (without shared sessions the second replica would start over)."""
+    history: list[dict] = []
+    seen = []
+    session = f"fleet-{time.monotonic()}"
+    for turn, up in enumerate(fleet.replicas):
+        history.append({"role": "user", "content": f"session turn {turn}"})
+        answer = httpx.post(f"http://127.0.0.1:{up.listen_port}/v1/chat/completions",
+                            timeout=10, json={"model": "sessions", "messages": history},
+                            headers={"authorization": f"Bearer {TOKEN}",
+                                     "x-session-id": session})
+        assert answer.status_code == 200, answer.text
+        history.append(answer.json()["choices"][0]["message"])
+        seen.append(fleet.providers["resp"].received[-1].json())
+        time.sleep(0.6)  # a round (200 ms) or more
+    first, second, third = seen
+    assert "previous_response_id" not in first
+    assert second["previous_response_id"].startswith("resp_")
+    assert third["previous_response_id"].startswith("resp_")
+    assert third["previous_response_id"] != second["previous_response_id"]
+    assert second["input"] == [{"role": "user", "content": "session turn 1"}]
