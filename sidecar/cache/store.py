@@ -65,6 +65,8 @@ class AnswerStore:
         """Another replica's answer (`stored_at` on this clock): kept unless it is too large,
         has expired, or a newer answer for the key is held; its TTL runs from when it was
         first stored (a hit, or sharing, does not extend it)."""
+        if answer.stored_at > self._clock():  # never from the future: no longer TTL
+            answer = CachedAnswer(answer.body, answer.content_type, self._clock())
         held = self._answers.get(key)
         if (len(answer.body) > self.policy.max_entry_bytes
                 or self._clock() - answer.stored_at >= self.policy.ttl_seconds

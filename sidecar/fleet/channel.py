@@ -5,8 +5,9 @@ replica learned and reads what the others wrote.
 A round never runs on the request path: decisions read only memory, which a round
 updates between them (everything runs on the sidecar's one event loop). When Redis does
 not answer, the round is lost, this replica routes on its own evidence, `/metrics` says so
-(`sidecar_fleet_up 0`), and the first round that works again reads everything still live
-(a resync), so what was missed while down is caught up."""
+(`sidecar_fleet_up 0`), and the first round that works again reads every live slice the
+others published (a resync); what a replica learned during the outage in slices older than
+its last three stays its own."""
 
 from __future__ import annotations
 
@@ -78,9 +79,13 @@ class FleetChannel:
     async def round(self) -> bool:
         pipe = self._client.pipeline(transaction=False)
         pipe.ping()  # so that a round with nothing to say still learns whether Redis answers
-        queued = [part.queue(pipe, self._resync) for part in self._parts]
         try:
-            answers = await asyncio.wait_for(pipe.execute(), ROUND_TIMEOUT_S)
+            queued = [part.queue(pipe, self._resync) for part in self._parts]
+            # One bad answer (a key of another type) is that part's problem, not the round's.
+            answers = await asyncio.wait_for(pipe.execute(raise_on_error=False),
+                                             ROUND_TIMEOUT_S)
+            if isinstance(answers[0], Exception):
+                raise answers[0]
         except Exception as exc:
             self._failed(exc)
             return False

@@ -38,6 +38,7 @@ class EjectionSharing:
         self._clock = clock
         self._wall = wall_clock
         self._latest: dict[tuple[str, str], float] = {}  # (group, label) → newest event
+        self._states: dict[str, int] = {}  # group → id of the Ejections last seen
         self.applied = 0
         self.unreadable = 0
 
@@ -46,6 +47,12 @@ class EjectionSharing:
         offset = self._wall() - self._clock()
         count = 0
         for group, (ejections, _labels) in groups.items():
+            if self._states.get(group) != id(ejections):
+                # A reload gave the group a fresh state: the fleet's live ejections apply
+                # to it again.
+                self._states[group] = id(ejections)
+                for seen in [k for k in self._latest if k[0] == group]:
+                    del self._latest[seen]
             journal = ejections.journal
             if journal is None:
                 ejections.journal = []

@@ -1,13 +1,14 @@
 """Observations and `retry-after` holds shared between replicas (docs/fleet.md §2).
 
-Each round a replica writes its own counts of its current and previous slice (the store
-keeps them apart for this) into one Redis hash per slice, `<prefix>obs|<width>|<slice>`,
-field `<replica>|<target>`, and reads the same two hashes back (all live ones on a
+Each round a replica writes its own counts of its last three slices (the store keeps them
+apart for this) into one Redis hash per slice, `<prefix>obs|<width>|<slice>`, field
+`<replica>|<target>`, and reads those hashes and the next one back (all live ones on a
 resync). Other replicas' entries are merged into the store's slices as replacements, so
 reading a slice twice never counts it twice, and the result does not depend on the order
 rounds arrive in. Slices are numbered on the wall clock on the wire (replicas' monotonic
-clocks differ) and placed in the local ring by a fixed shift taken at start, so a remote
-observation lands within one slice of where it happened.
+clocks differ) and placed in the local ring by a fixed shift taken at start (rounded: any
+two replicas' slices are less than one slice apart), so a remote observation lands within
+one slice of where it happened.
 
 Holds are the latest "not before" wall time per target (`<prefix>holds`); the store only
 ever extends a hold, so merging them is a maximum."""
@@ -44,8 +45,10 @@ class ObservationSharing:
         self._width = width
         self._base = f"{prefix}obs|{width}|"
         self._holds_key = f"{prefix}holds"
-        # wire slice = local slice + shift (fixed, see the module's docstring)
-        self._shift = math.floor(self._wall() / width) - math.floor(self._clock() / width)
+        # wire slice = local slice + shift (fixed, see the module's docstring): rounded, so
+        # a replica's slices start within half a slice of the wall clock's, and any two
+        # replicas' within one slice of each other.
+        self._shift = round((self._wall() - self._clock()) / width)
         self._live = math.ceil(store.retention_seconds / width) + 1
         self._expiry_s = store.retention_seconds + 3 * width
         self._seen: dict[tuple[str, int, str], bytes] = {}
@@ -64,8 +67,10 @@ class ObservationSharing:
             pipe.expire(self._base + str(wire), self._expiry_s)
             count += 2
         current = math.floor(self._clock() / self._width) + self._shift
-        reads = list(range(current - self._live, current + 1) if resync
-                     else (current - 1, current))
+        # Our last three slices and the next: another replica may be a slice ahead or
+        # behind, and publishes its last three.
+        reads = list(range(current - self._live, current + 2) if resync
+                     else range(current - 2, current + 2))
         for wire in reads:
             pipe.hgetall(self._base + str(wire))
         holds = self._holds_to_publish()

@@ -82,6 +82,8 @@ class SessionStore:
     def used_elsewhere(self, key: str, session: Session) -> bool:
         """Another replica's turn of a session (`last_used` on this clock): taken unless
         a later turn is held here or the session has expired."""
+        if session.last_used > self._clock():  # never from the future: no longer TTL
+            session = Session(session.target_index, session.response_id, self._clock())
         held = self._sessions.get(key)
         if ((held is not None and held.last_used > session.last_used)
                 or self._clock() - session.last_used >= self._ttl):

@@ -35,6 +35,9 @@ from sidecar.routing.observations import TargetObservations
 
 Clock = Callable[[], float]
 MAX_CACHED = 1024
+# With fleet sharing: the current slice and the two before it are published each round
+# (another replica's slices may be up to one slice ahead or behind ours).
+OWN_SLICES = 3
 
 
 @dataclass
@@ -43,7 +46,7 @@ class _Target:
     total: SliceCounts = field(default_factory=SliceCounts)
     expired_up_to: int = -1            # slices before this are out of `total`
     lifetime: SliceCounts = field(default_factory=SliceCounts)
-    # With fleet sharing only: this replica's own counts of its last two slices (what it
+    # With fleet sharing only: this replica's own counts of its last slices (what it
     # publishes), and what other replicas' published slices added: (replica, their slice
     # number) → (our slice number, counts), so that a newer copy replaces, never adds.
     own: dict[int, SliceCounts] = field(default_factory=dict)
@@ -122,7 +125,7 @@ class ObservationStore:
             own = state.own.get(current)
             if own is None:
                 own = state.own[current] = SliceCounts(current)
-                for number in [n for n in state.own if n < current - 1]:
+                for number in [n for n in state.own if n < current - OWN_SLICES + 1]:
                     del state.own[number]
             own.add(observation)
 
@@ -131,13 +134,13 @@ class ObservationStore:
         self._sharing = True
 
     def own_slices(self) -> list[tuple[str, int, SliceCounts]]:
-        """This replica's own counts of the current and the previous slice, per target:
-        what it publishes each round (a finished slice once more, then no longer)."""
+        """This replica's own counts of its last OWN_SLICES slices, per target: what it
+        publishes each round (a finished slice a few times more, then no longer)."""
         current = self._slice(self._clock())
         shared = []
         for target, state in self._targets.items():
             for number in list(state.own):
-                if number < current - 1:
+                if number < current - OWN_SLICES + 1:
                     del state.own[number]
                 else:
                     shared.append((target, number, state.own[number]))

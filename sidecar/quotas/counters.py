@@ -43,7 +43,10 @@ class Counter:
     admitted: int = 0
     pending: int = 0   # refused for want of a lease since the last round (demand too)
     credit: float = 1.0
-    size: float = 0.0
+    # What all replicas have *used* of a request limit (the reservations, `known`, also
+    # hold leases not yet used), and the rounds in a row this replica admitted nothing.
+    used_known: float = 0.0
+    idle_rounds: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ class QuotaCounters:
         self.configure(config)
         self._clock = wall_clock
         self.counters: dict[CounterKey, Counter] = {}
+        self._last_size: dict[tuple[str, str, str], float] = {}
         # With a shared store that answers: a replica keeps within its slice.
         self.sliced = False
 
@@ -86,11 +90,15 @@ class QuotaCounters:
                 if counter.lease >= 1:  # reserved in Redis: good while Redis is down too
                     request_counters.append(counter)
                     continue
-                if counter.known + counter.unsynced >= limit:
+                if not leased and counter.known + counter.unsynced >= limit:
                     return Refusal(f"{prefix}_{name}", _until_next(now, window))
-                if leased and counter.credit < 1:
-                    # Not over the limit: this replica waits for its next lease (issue #30:
-                    # it used to give the over-limit reason).
+                if leased and (counter.credit < 1
+                               or counter.known + counter.unsynced >= limit):
+                    if counter.used_known + counter.admitted >= limit:
+                        return Refusal(f"{prefix}_{name}", _until_next(now, window))
+                    # Not over the limit: this replica waits for its next lease, or for
+                    # units other replicas reserved and will hand back (issue #30: it used
+                    # to give the over-limit reason).
                     counter.pending += 1
                     return Refusal(f"{prefix}_{name}{LEASE_PENDING}", 1)
                 if name == "requests_per_minute":
@@ -157,16 +165,18 @@ class QuotaCounters:
         if per_group is not None:
             yield group, per_group
 
+    def remember_size(self, key: CounterKey, size: float) -> None:
+        """The size of the lease a round asked for, kept past its window (bounded by the
+        configured callers and their groups)."""
+        self._last_size[key[:3]] = size
+
     def _counter(self, key: CounterKey) -> Counter:
         counter = self.counters.get(key)
         if counter is None:
             counter = self.counters[key] = Counter()
-            # A new window starts with the credit of the lease the last one had, so a busy
+            # A new window starts with the credit of the last lease asked for, so a busy
             # replica is not held to one request on credit at every window's start.
-            caller, scope, name, window = key
-            before = self.counters.get((caller, scope, name, window - 1))
-            if before is not None:
-                counter.credit = max(1.0, before.size)
+            counter.credit = max(1.0, self._last_size.get(key[:3], 1.0))
         return counter
 
 

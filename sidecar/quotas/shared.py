@@ -5,8 +5,10 @@ counted since the last round to one Redis key per counter (`INCRBYFLOAT`, with a
 past the window's end), reads back the total of all replicas, and hands it to the
 counters. For request limits it also renews this replica's lease: one Lua script reserves
 up to the lease size in the same key, never past the limit, so the leases of all replicas
-together never exceed it; a replica that admitted nothing in the last round hands its
-lease back, so an idle replica cannot starve busy ones. When Redis does not answer,
+together never exceed it; a second key counts what was admitted (used, not only reserved),
+so a refusal says "over the limit" only when the fleet has used it; a replica that admitted
+nothing for about a second hands its lease back, so an idle replica cannot starve busy
+ones. When Redis does not answer,
 admission goes on against the local counters (fail open to local limits) and `up` says
 so."""
 
@@ -15,6 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from sidecar.config.quotas import QuotaSettings
 from sidecar.dependency_names import redis_endpoint
@@ -50,12 +56,58 @@ def redis_key(prefix: str, key: CounterKey) -> str:
     return f"{prefix}{caller}|{scope}|{name}|{window}"
 
 
+@dataclass(slots=True)
+class _Plan:
+    """One counter's part of a round: what it sent (snapshots taken when the round was
+    queued; admissions during the round trip count in the next), and how to read the
+    answers."""
+
+    counter: Counter
+    unsynced: float
+    admitted: int
+    pending: int
+    leased: bool = False
+    handed_back: float = 0.0
+
+    def absorb(self, answers: Iterator[Any]) -> None:
+        counter = self.counter
+        if self.unsynced:
+            added, _expiry = next(answers), next(answers)
+            if not isinstance(added, Exception):
+                counter.unsynced -= self.unsynced
+        if not self.leased:
+            total = next(answers)
+            if not isinstance(total, Exception):
+                counter.known = float(total or 0.0)
+            return
+        used = next(answers)
+        if self.admitted:
+            next(answers)  # its expiry
+        if not isinstance(used, Exception):
+            counter.used_known = float(used or 0.0)
+        lease = next(answers)
+        if isinstance(lease, Exception):
+            counter.lease += self.handed_back
+        else:
+            granted, total = lease
+            if not self.handed_back:
+                counter.lease += float(granted)
+            counter.known = float(total)
+        idle = not (self.admitted or self.pending)
+        counter.idle_rounds = counter.idle_rounds + 1 if idle and not self.handed_back else 0
+        counter.admitted -= self.admitted
+        counter.pending -= self.pending
+        counter.credit = 1.0
+
+
 class RedisReconciler:
     def __init__(self, counters: QuotaCounters, settings: QuotaSettings, url: str) -> None:
         self._counters = counters
         self._prefix = settings.key_prefix
         self.where = redis_endpoint(url)  # for log lines: host and port, no password
         self.interval_s = settings.reconcile_ms / 1000
+        # Rounds in a row without an admission before a replica hands its lease back.
+        self._idle_rounds = max(1, math.ceil(1000 / settings.reconcile_ms))
         self._client = redis_client(url, "quotas.redis_url")
         self.up = False
         self.errors = 0
@@ -72,53 +124,59 @@ class RedisReconciler:
 
     async def reconcile(self) -> bool:
         """One round; False (and local limits only) when Redis did not answer."""
-        items = [(key, counter, counter.unsynced) for key, counter in self._counters.current()]
         pipe = self._client.pipeline(transaction=False)
         pipe.ping()  # so that a round with nothing to count still learns whether Redis answers
-        plans = []
-        for key, counter, amount in items:
-            name = redis_key(self._prefix, key)
-            expiry = WINDOW_S[key[2]] + 60
-            if amount:
-                pipe.incrbyfloat(name, amount)
-                pipe.expire(name, expiry)
-            limit = self._counters.limit_of(key) if key[2] == "requests_per_minute" else None
-            if limit is not None and key[3] == self._counters.window_of(key):
-                wanted = self._wanted(limit, counter)
-                pipe.eval(_LEASE, 1, name, wanted, limit, expiry)
-            else:
-                wanted = None
-                pipe.get(name)
-            plans.append((counter, amount, wanted))
+        plans = [self._queue(pipe, key, counter) for key, counter in self._counters.current()]
         try:
-            results = await asyncio.wait_for(pipe.execute(), ROUND_TIMEOUT_S)
+            # One bad answer (a key of another type) costs that counter its round only.
+            results = await asyncio.wait_for(pipe.execute(raise_on_error=False),
+                                             ROUND_TIMEOUT_S)
+            if isinstance(results[0], Exception):
+                raise results[0]
         except Exception as exc:
+            for plan in plans:
+                plan.counter.lease += plan.handed_back  # not handed back after all
             self._failed(exc)
             return False
         answers = iter(results[1:])
-        for counter, amount, wanted in plans:
-            if amount:
-                next(answers), next(answers)  # the addition and the expiry
-                counter.unsynced -= amount
-            answer = next(answers)
-            if wanted is None:
-                counter.known = float(answer or 0.0)
-            else:
-                granted, total = answer
-                counter.lease += float(granted)
-                counter.known = float(total)
-            counter.admitted, counter.pending, counter.credit = 0, 0, 1.0
+        for plan in plans:
+            plan.absorb(answers)
         self.up = True
         self._counters.sliced = True
         self.rounds += 1
         return True
 
-    def _wanted(self, limit: float, counter: Counter) -> float:
-        """Units to reserve (negative: to hand back) for a request limit's lease."""
-        if counter.admitted == 0 and counter.pending == 0:
-            return -counter.lease  # idle: give the lease back (0 when there is none)
-        counter.size = self._counters.lease_size(limit, counter)
-        return max(0.0, counter.size - counter.lease)
+    def _queue(self, pipe: Any, key: CounterKey, counter: Counter) -> _Plan:
+        name = redis_key(self._prefix, key)
+        expiry = WINDOW_S[key[2]] + 60
+        plan = _Plan(counter, counter.unsynced, counter.admitted, counter.pending)
+        if plan.unsynced:
+            pipe.incrbyfloat(name, plan.unsynced)
+            pipe.expire(name, expiry)
+        limit = self._counters.limit_of(key) if key[2] == "requests_per_minute" else None
+        if limit is None or key[3] != self._counters.window_of(key):
+            pipe.get(name)
+            return plan
+        plan.leased = True
+        used = f"{name}|used"
+        if plan.admitted:
+            pipe.incrbyfloat(used, plan.admitted)
+            pipe.expire(used, expiry)
+        else:
+            pipe.get(used)
+        if plan.admitted or plan.pending:
+            size = self._counters.lease_size(limit, counter)
+            self._counters.remember_size(key, size)
+            wanted = max(0.0, size - counter.lease)
+        elif counter.idle_rounds + 1 >= self._idle_rounds and counter.lease:
+            # Idle for about a second: hand the lease back so busy replicas can have it
+            # (taken off now: what is admitted meanwhile cannot spend it).
+            wanted, plan.handed_back = -counter.lease, counter.lease
+            counter.lease = 0.0
+        else:
+            wanted = 0.0
+        pipe.eval(_LEASE, 1, name, wanted, limit, expiry)
+        return plan
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1

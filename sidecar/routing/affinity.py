@@ -71,6 +71,7 @@ class AffinityStore:
         """Another replica's pin (its creation time on this clock): taken unless a newer
         pin for the key is held here or it has already expired; it keeps its creation
         time (TTL is not extended by sharing either)."""
+        created = min(created, self._clock())  # never from the future: no longer TTL
         held = self._pins.get(key)
         if (held is not None and held[1] > created) or self._clock() - created >= self._ttl:
             return False

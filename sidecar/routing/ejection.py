@@ -139,7 +139,9 @@ class Ejections:
 
     def ejected_elsewhere(self, label: str, until: float, count: int) -> None:
         """Another replica ejected `label` until `until` (this clock): out here too, at
-        least as long; its probes start here when that ejection ends."""
+        least as long (never longer than the longest ejection from now: what Redis says is
+        not trusted further); its probes start here when that ejection ends."""
+        until = min(until, self._clock() + self.max_seconds)
         state = self._ejected.get(label)
         if state is not None:
             if until > state.until:  # probing here, failed there: probing starts afresh

@@ -209,3 +209,28 @@ models:
             await channel.stop()
 
     asyncio.run(run())
+
+
+def test_replicas_whose_slices_start_at_different_phases_miss_nothing(
+        redis: RedisServer) -> None:
+    """Slice boundaries 8 s apart in wall time on two replicas: every observation of one
+    reaches the other (a replica publishes its last three slices and reads one ahead)."""
+    async def run() -> None:
+        wall = ManualClock(WALL + 1.0)
+        a = Replica("a", redis, wall, 98.0)
+        wall.now = WALL + 9.0
+        b = Replica("b", redis, wall, 2001.5)
+        wall.now = WALL + 9.0
+        for _ in range(60):  # 30 s of rounds every 0.5 s, one failure a round on a
+            failures(a, 1)
+            await rounds(a, b)
+            for replica in (a, b):
+                replica.advance(0.5)
+            wall.now += 0.5
+        await rounds(a, b)
+        assert a.store.get("p/slow", 60).count == 60
+        assert b.store.get("p/slow", 60).count == 60
+        for replica in (a, b):
+            await replica.channel.stop()
+
+    asyncio.run(run())

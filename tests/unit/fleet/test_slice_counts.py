@@ -48,3 +48,25 @@ def _one() -> SliceCounts:
     counts.add(Observation("p/m", Outcome.OK, latency_ms=10, ttfb_ms=5, upstream_ms=9,
                            output_tokens=3))
     return counts
+
+
+def test_times_from_other_replicas_are_never_trusted_into_the_future() -> None:
+    """A clock-skewed or hostile entry cannot extend a TTL or eject a target for ever."""
+    from sidecar.gateway.sessions import Session, SessionStore
+    from sidecar.routing.affinity import AffinityStore
+    from sidecar.routing.ejection import Ejections, Health
+    from tests.clock import ManualClock
+
+    clock = ManualClock(1_000.0)
+    pins = AffinityStore(ttl_seconds=60, max_entries=10, clock=clock)
+    assert pins.pinned_elsewhere(b"k" * 32, 0, created=1e12)
+    clock.now += 60
+    assert pins.lookup(b"k" * 32) == (0, True)  # expired 60 s after *now*, not after 1e12
+    sessions = SessionStore(ttl_seconds=60, max_entries=10, clock=clock)
+    assert sessions.used_elsewhere("s" * 64, Session(0, None, 1e12))
+    clock.now += 60
+    assert sessions.get("s" * 64) is None
+    ejections = Ejections(60, clock)
+    ejections.ejected_elsewhere("p/m", 1e12, 1)
+    clock.now += ejections.max_seconds
+    assert ejections.health("p/m", clock()) is Health.PROBING

@@ -90,7 +90,10 @@ def test_a_shared_replica_admits_from_its_lease_and_one_request_on_credit() -> N
     assert [quotas.admit("team", "basic") for _ in range(3)] == [None] * 3
     assert counter.lease == 0 and counter.admitted == 4
     assert quotas.lease_size(40, counter) == 4  # 4 × 4 + 4, but at most 10 % of 40
-    counter.known = 40.0  # the fleet reserved everything: the real over-limit reason
+    counter.known = 40.0  # the fleet reserved everything, but used only 10 of it:
+    counter.used_known = 10.0  # reserved units may come back; the caller is under its limit
+    assert quotas.admit("team", "basic").reason == "caller_requests_per_minute_lease_pending"
+    counter.used_known = 40.0  # used it all: the real over-limit reason
     assert quotas.admit("team", "basic").reason == "caller_requests_per_minute"
     quotas.sliced = False  # Redis down: local limits only
     counter.known = 0.0

@@ -92,7 +92,10 @@ def test_an_idle_replica_hands_its_lease_back(redis: RedisServer) -> None:
             await idle_shared.reconcile()
         key = ("team", "*", "requests_per_minute", int((MIDNIGHT + 5) // 60))
         assert idle.counters[key].lease > 0
-        await idle_shared.reconcile()  # a round with nothing admitted: handed back
+        for _ in range(9):  # rounds with nothing admitted: kept for a while ...
+            await idle_shared.reconcile()
+        assert idle.counters[key].lease > 0
+        await idle_shared.reconcile()  # ... and handed back after a second (10 rounds)
         assert idle.counters[key].lease == 0
         # The busy replica can now reach the whole limit.
         admitted = 0
@@ -132,22 +135,28 @@ def test_redis_down_means_local_limits_and_a_signal(redis: RedisServer) -> None:
     asyncio.run(run())
 
 
-def test_a_new_window_starts_without_refusals(redis: RedisServer) -> None:
-    """At a window's start each counter is new; it inherits its last lease as credit, so
-    a busy replica is not held to one request on credit each minute."""
+@pytest.mark.parametrize("round_first", [False, True])
+def test_a_new_window_starts_without_refusals(redis: RedisServer, round_first: bool) -> None:
+    """At a window's start each counter is new; it inherits the last lease's size as
+    credit, so a busy replica is not held to one request on credit each minute, whether
+    the window's first request or its first round comes first."""
     async def run() -> int:
         trio = replicas(redis, 3, limit=6000)
         clocks = [counters._clock for counters, _ in trio]
         for clock in clocks:
-            clock.now = MIDNIGHT + 58.0
+            clock.now = MIDNIGHT + 58.05
         refused = 0
         for round_number in range(40):  # 2 s before the minute's end to 2 s after
+            if round_first:
+                for _, shared in trio:
+                    await shared.reconcile()
             for counters, _ in trio:
                 wanted = 1 if round_number == 0 else 8
                 refused += sum(counters.admit("team", "basic") is not None
                                for _ in range(wanted))
-            for _, shared in trio:
-                await shared.reconcile()
+            if not round_first:
+                for _, shared in trio:
+                    await shared.reconcile()
             for clock in clocks:
                 clock.now += 0.1
         for _, shared in trio:
@@ -155,3 +164,21 @@ def test_a_new_window_starts_without_refusals(redis: RedisServer) -> None:
         return refused
 
     assert asyncio.run(run()) == 0
+
+
+def test_a_caller_with_a_pause_between_requests_is_not_refused(redis: RedisServer) -> None:
+    """Two requests at once every second (review finding: a lease handed back after one
+    idle round left one request on credit, and the second was refused each time)."""
+    async def run() -> int:
+        (counters, shared), = replicas(redis, 1, limit=600)
+        assert await shared.reconcile()
+        refused = 0
+        for round_number in range(100):  # 10 s of 100 ms rounds
+            if round_number % 10 == 0:
+                refused += sum(counters.admit("team", "basic") is not None for _ in range(2))
+            await shared.reconcile()
+            counters._clock.now += 0.1
+        await shared.close()
+        return refused
+
+    assert asyncio.run(run()) <= 1  # the very first pair: one request on credit only
