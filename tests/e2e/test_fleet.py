@@ -228,8 +228,9 @@ def test_every_answer_has_one_row_naming_its_replica(fleet: Fleet) -> None:
 
 def test_a_quota_holds_for_the_fleet_and_refuses_only_over_the_limit(fleet: Fleet) -> None:
     """45 requests at 10 a second through round-robin against a limit of 20 a minute: per
-    UTC minute at most the limit plus one per replica admitted, none refused before the
-    fleet reached the limit, and every refusal the over-limit one (issue #30.3)."""
+    UTC minute at most the limit plus one per replica admitted, none refused while the
+    fleet was clearly under the limit, and the over-limit reason only once it had used it
+    (issue #30.3)."""
     seen: list[tuple[int, int, str]] = []  # (window, status, error message)
     next_at = time.monotonic()
     for index in range(45):
@@ -240,15 +241,22 @@ def test_a_quota_holds_for_the_fleet_and_refuses_only_over_the_limit(fleet: Flee
         message = answer.json()["error"]["message"] if answer.status_code != 200 else ""
         seen.append((window, answer.status_code, message))
         next_at += 0.1
+    slack = 2 * len(fleet.replicas)  # units other replicas may hold reserved, unused
     for window in {w for w, _, _ in seen}:
         statuses = [(status, message) for w, status, message in seen if w == window]
         admitted = sum(status == 200 for status, _ in statuses)
         assert admitted <= QUOTA + len(fleet.replicas), statuses
-        refusals = [message for status, message in statuses if status != 200]
-        assert all("under its limit" not in m for m in refusals), refusals
-        if refusals:  # refused only once the fleet had its limit
-            assert admitted >= QUOTA, statuses
-            assert {status for status, _ in statuses if status != 200} == {429}
+        so_far = 0
+        for status, message in statuses:
+            if status == 200:
+                so_far += 1
+                continue
+            assert status == 429, statuses
+            # No refusal while the fleet was clearly under the limit; near it, one that
+            # says "under its limit" waits for units another replica holds.
+            assert so_far >= QUOTA - slack, statuses
+            if so_far < QUOTA:
+                assert "under its limit" in message, statuses
 
 
 def test_a_session_goes_on_whichever_replica_serves_its_turns(fleet: Fleet) -> None:
