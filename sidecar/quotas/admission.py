@@ -91,9 +91,9 @@ class Quotas:
 
 def refusal_error(refusal: Refusal) -> ClientError:
     if refusal.reason.endswith(LEASE_PENDING):
-        return ClientError(429, "This gateway replica has used its share of this caller's "
-                                "requests_per_minute until its next lease arrives (the "
-                                "caller is under its limit); retry after "
+        return ClientError(429, "This gateway replica is waiting for its next share of this "
+                                "caller's requests_per_minute (at its last count of all "
+                                "replicas, the caller was under its limit); retry after "
                                 f"{refusal.retry_after_s} s.", code="rate_limit_exceeded")
     scope, _, limit = refusal.reason.partition("_")
     which = "this caller's" if scope == "caller" else "this caller's limit for this model group:"
