@@ -1,4 +1,4 @@
-"""A rolling restart behind a real load balancer (issue #30.4): two `sidecar up` replicas
+"""A rolling restart behind a real load balancer (issue #30.4): three `sidecar up` replicas
 behind Debian's HAProxy in TCP mode, health-checking each replica's `GET /ready`, while a
 keep-alive client sends requests without pause. Each replica in turn is SIGTERMed and
 started again on the same ports. No request may fail: a draining replica fails `/ready` at
@@ -83,7 +83,7 @@ def test_a_rolling_restart_behind_haproxy_fails_no_request(tmp_path: Path) -> No
         config = tmp_path / "config.yaml"
         config.write_text(CONFIG.format(url=providers.base_url("only"),
                                         digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
-        replicas = [_replica(config, tmp_path / f"r{i}.log") for i in range(2)]
+        replicas = [_replica(config, tmp_path / f"r{i}.log") for i in range(3)]
         for up in replicas:
             up.start()
         port = free_port()
@@ -109,7 +109,7 @@ def test_a_rolling_restart_behind_haproxy_fails_no_request(tmp_path: Path) -> No
 
         try:
             deadline = time.monotonic() + 20
-            while True:  # both servers up in HAProxy's eyes (rise 2 × 200 ms)
+            while True:  # the servers up in HAProxy's eyes (rise 2 × 200 ms)
                 try:
                     if httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                                   headers={"authorization": f"Bearer {TOKEN}"}, timeout=5,
