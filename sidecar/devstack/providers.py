@@ -64,7 +64,10 @@ class Behaviour:
     first_event: bytes | None = None
     garbage_after_events: int | None = None
     # Streams only: the end of the stream (the last chunk, or HTTP/2's END_STREAM) this
-    # long after the last event: on the internet `[DONE]` and the end arrive apart.
+    # long after the last event. platform.openai.com/docs/api-reference/chat-streaming ends
+    # a stream's events with `data: [DONE]`; RFC 9112 §7.1 makes the zero-size last chunk
+    # a separate piece of the framing (RFC 9113 §8.1: END_STREAM may come on a later,
+    # empty DATA frame), so on the internet the two can arrive apart.
     stream_end_delay_s: float = 0.0
     # Refuse a request whose prompt tokens plus its output cap exceed this, with the
     # dialect's context-length error (`vllm_errors`: in vLLM's shape).

@@ -18,6 +18,7 @@ from typing import Any
 
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.store import JOURNAL_ENTRIES, AnswerStore, CachedAnswer
+from sidecar.fleet.redis_client import as_text
 
 _STREAM_ENTRIES = 1_000
 _MAX_CONTENT_TYPE = 200
@@ -66,11 +67,10 @@ class AnswerSharing:
                 return
             offset_now = self._wall() - self._clock()
             for stream, entries in answers[count] or []:
-                name = stream.decode() if isinstance(stream, bytes) else stream
+                name = as_text(stream)
                 store = stores.get(streams.get(name, ""))
                 for entry_id, fields in entries:
-                    self._cursors[name] = (entry_id.decode() if isinstance(entry_id, bytes)
-                                           else entry_id)
+                    self._cursors[name] = as_text(entry_id)
                     if store is not None:
                         self._adopt(store, fields, offset_now)
 

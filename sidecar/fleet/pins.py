@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sidecar.fleet.redis_client import as_text
 from sidecar.gateway.sessions import Session, SessionStore
 from sidecar.routing.affinity import AffinityStore
 
@@ -75,10 +76,9 @@ class PinSharing:
         def absorb(answers: Sequence[Any]) -> None:
             offset_now = self._wall() - self._clock()
             for stream, entries in answers[count] or []:
-                name = stream.decode() if isinstance(stream, bytes) else stream
+                name = as_text(stream)
                 for entry_id, fields in entries:
-                    self._cursors[name] = (entry_id.decode() if isinstance(entry_id, bytes)
-                                           else entry_id)
+                    self._cursors[name] = as_text(entry_id)
                     if name == self._pins_key:
                         self._adopt_pin(fields, groups, offset_now)
                     else:

@@ -24,3 +24,8 @@ def redis_client(url: str, setting: str) -> Any:
                                     retry=Retry(NoBackoff(), 0))
     except ValueError:
         raise ValueError(f"{setting} is not a valid redis:// or rediss:// URL") from None
+
+
+def as_text(value: bytes | str) -> str:
+    """A stream name or entry id as redis-py returns it (bytes without decoding)."""
+    return value.decode() if isinstance(value, bytes) else value
