@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from sidecar.config.fields import (
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     SecretSource,
@@ -45,3 +46,7 @@ class QuotaSettings(StrictModel):
     # A replica's room past the last total it read, per request limit and round.
     slice_percent: Annotated[PositiveFloat, bounded(0.1, 100)] = 10.0
     key_prefix: str = "sidecar:quota:"
+    # With redis_url: how long a request may wait for this replica's next lease when its
+    # caller is under the limit but the lease is spent (0: refuse it at once, with the
+    # `…_lease_pending` reason). Never longer than Envoy waits for the sidecar.
+    lease_wait_ms: Annotated[NonNegativeInt, bounded(0, 10_000)] = 500

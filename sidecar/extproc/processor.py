@@ -11,8 +11,10 @@ Envoy holds before its router sees it, and start with the response headers
 
 Everything here is synchronous — a message in, at most one response out, and whether the
 stream is done; the gRPC server (sidecar.grpcwire) calls it straight from the socket read —
-except for `strategy: external` groups, whose decision waits on a routing service in a task
-(`ProcessStream._ask`, docs/external.md) while the loop serves everyone else.
+except for a decision that waits in a task while the loop serves everyone else
+(`ProcessStream._defer`): a `strategy: external` group's, on its routing service
+(docs/external.md), and a request whose quota lease is empty on this replica while its
+caller is under the limit, on the next quota round (docs/quotas.md §3).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from sidecar.dialects.errors import ClientError
 from sidecar.extproc import messages
 from sidecar.gateway import Gateway, Pending, Reply, bridging
 from sidecar.gateway.bridging import BridgeAttempt
-from sidecar.gateway.outcome import Ask
+from sidecar.gateway.outcome import Ask, Deferred, Forward, LeaseWait
 from sidecar.gateway.reply_gate import (
     FirstEventGate,
     Retry,
@@ -49,8 +51,8 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD = "Process"
 
 # (answer to send, stream done)
-# (an Ask: the answer comes later, from a task; see ProcessStream._ask)
-Step = tuple[ext.ProcessingResponse | messages.BodyAnswer | Ask | None, bool]
+# (a Deferred outcome: the answer comes later, from a task; see ProcessStream._defer)
+Step = tuple[ext.ProcessingResponse | messages.BodyAnswer | Deferred | None, bool]
 
 
 class ExternalProcessor:
@@ -101,8 +103,8 @@ class ProcessStream:
         except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
             raise UndecodableMessage(str(error)) from None
         response, done = self.step(request)
-        if isinstance(response, Ask):
-            self._ask(call, response)
+        if isinstance(response, Ask | LeaseWait):
+            self._defer(call, response)
         else:
             _send(call, response)
         self._processor.handling.observe(perf_counter() - started)
@@ -110,22 +112,26 @@ class ProcessStream:
             call.finish()
             self._close()
 
-    def _ask(self, call: Call, ask: Ask) -> None:
-        """The asynchronous seam, for `strategy: external` only: the decision waits on the
-        group's routing service in a task while the loop serves every other stream. The
-        service's own deadline bounds the wait (external/client.py)."""
+    def _defer(self, call: Call, outcome: Deferred) -> None:
+        """The asynchronous seam: the decision waits in a task while the loop serves every
+        other stream. What it waits on bounds the wait (the routing service's deadline,
+        external/client.py; `quotas.lease_wait_ms`, quotas/admission.py)."""
         call.defer()
-        self._task = asyncio.get_running_loop().create_task(self._answer(call, ask))
+        self._task = asyncio.get_running_loop().create_task(self._answer(call, outcome))
 
-    async def _answer(self, call: Call, ask: Ask) -> None:
+    async def _answer(self, call: Call, deferred: Deferred) -> None:
         """Whatever happens, the call is answered and finished (a failure as the caller's
-        500), unless Envoy ended it first."""
-        answer = await ask.calls.ask(ask.group, ask.query)
-        if self._closed:
-            return
-        started = perf_counter()
+        500), unless Envoy ended it first. A request that waited for its quota lease may
+        then wait on its external group's routing service."""
+        outcome: Deferred | Reply | Forward = deferred
         try:
-            outcome = ask.resume(answer)
+            while isinstance(outcome, Ask | LeaseWait):
+                answer = await outcome.fetch()
+                if self._closed:
+                    return
+                started = perf_counter()
+                outcome = outcome.resume(answer)  # type: ignore[arg-type]
+                self._processor.handling.observe(perf_counter() - started)
             response = (messages.immediate(outcome) if isinstance(outcome, Reply)
                         else messages.forward(outcome))
         except Exception:
@@ -133,7 +139,6 @@ class ProcessStream:
             anthropic = self._pending.dialect.is_anthropic if self._pending else False
             response = messages.immediate(_internal("internal routing error", anthropic))
         _send(call, response)
-        self._processor.handling.observe(perf_counter() - started)
         call.finish()
         self._close()
 
@@ -197,7 +202,7 @@ class ProcessStream:
             outcome = gateway.on_body(self._pending, request.request_body.body)
             if isinstance(outcome, Reply):
                 return messages.immediate(outcome), True
-            if isinstance(outcome, Ask):
+            if isinstance(outcome, Ask | LeaseWait):
                 return outcome, False
             return messages.forward(outcome), True
         # Phases we did not ask for (Envoy config drift): never stall the request.

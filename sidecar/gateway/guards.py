@@ -4,15 +4,17 @@ a quota that refuses it, and the response cache that may answer it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cache.caches import ResponseCaches
+from sidecar.config.models import ModelGroup
 from sidecar.envoy_contract import CACHE_HEADER
-from sidecar.gateway.outcome import Reply
+from sidecar.gateway.outcome import Ask, Forward, LeaseWait, Reply
 from sidecar.gateway.pending import Pending
-from sidecar.quotas.admission import refusal_error
-from sidecar.quotas.counters import Refusal
+from sidecar.quotas.admission import Quotas, refusal_error
+from sidecar.quotas.counters import LEASE_PENDING, Refusal
 from sidecar.routing.request import RequestSummary
 from sidecar.telemetry.rows import DecisionFacts, DecisionSink
 
@@ -52,6 +54,29 @@ def cache_visit(caches: ResponseCaches | None, telemetry: DecisionSink | None, p
             return Reply(200, answer.body, answer.content_type, ((CACHE_HEADER, "hit"),))
     slot = caches.slots.reserve(model, key) if pending.cache_store else None
     return CacheVisit("miss", slot)
+
+
+def quota_guard(quotas: Quotas, telemetry: DecisionSink | None, pending: Pending,
+                model: str, group: ModelGroup, refusal: Refusal,
+                admitted: Callable[[], Reply | Forward | Ask]) -> Reply | LeaseWait:
+    """A quota's 429, or, when only this replica's lease is spent while the caller is under
+    its limit, a wait for the next lease and then the request as `admitted` goes on
+    (docs/quotas.md §3)."""
+    external_ms = group.external.timeout_ms if group.external is not None else 0
+    budget_s = quotas.wait_budget_s(refusal, external_ms)
+    if not budget_s:
+        if refusal.reason.endswith(LEASE_PENDING):
+            quotas.refused(refusal)
+        return quota_refusal(telemetry, pending, model, refusal)
+    caller, request_id = pending.caller.name, pending.request_id
+
+    def resume(final: Refusal | None) -> Reply | Forward | Ask:
+        if final is not None:
+            return quota_refusal(telemetry, pending, model, final)
+        return admitted()
+
+    return LeaseWait(lambda: quotas.wait_for_lease(caller, model, request_id, budget_s),
+                     resume)
 
 
 def quota_refusal(telemetry: DecisionSink | None, pending: Pending, model: str,

@@ -33,8 +33,8 @@ from sidecar.envoy_contract import (
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
-from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_refusal
-from sidecar.gateway.outcome import Ask, Forward, Reply, Retarget, body_size
+from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_guard
+from sidecar.gateway.outcome import Ask, Forward, LeaseWait, Reply, Retarget, body_size
 from sidecar.gateway.pending import Pending
 from sidecar.gateway.retarget import (
     RetargetError,
@@ -155,7 +155,7 @@ class Gateway:
                        headers.get("traceparent", ""), session_id, lookup, store,
                        self._runtime, varying)
 
-    def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask:
+    def on_body(self, pending: Pending, body: bytes) -> Reply | Forward | Ask | LeaseWait:
         runtime = pending.runtime or self._runtime
         anthropic = pending.dialect.is_anthropic
         limit = runtime.config.limits.max_request_body_bytes
@@ -180,7 +180,15 @@ class Gateway:
         if self.quotas is not None:
             refusal = self.quotas.admit(pending.caller.name, model, pending.request_id)
             if refusal is not None:
-                return quota_refusal(self._telemetry, pending, model, refusal)
+                group = (pending.runtime or self._runtime).config.models[model]
+                return quota_guard(self.quotas, self._telemetry, pending, model, group, refusal,
+                                   lambda: self._admitted(pending, model, parsed))
+        return self._admitted(pending, model, parsed)
+
+    def _admitted(self, pending: Pending, model: str, parsed: ParsedBody
+                  ) -> Reply | Forward | Ask:
+        runtime = pending.runtime or self._runtime
+        payload = parsed.payload
         group = runtime.config.models[model]
         shape = request_shape(pending.dialect, payload, scan_limit(group))
         refusal = (bridge_refusal(runtime.bridge_translators.get((model, pending.dialect)),

@@ -1,8 +1,9 @@
-"""The two things the gateway can decide for an exchange."""
+"""What the gateway can decide for an exchange: a Reply or a Forward at once, or, rarely, one
+of them after a wait (an Ask or a LeaseWait)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from sidecar.routing.decision import Decision
 if TYPE_CHECKING:
     from sidecar.external.client import ExternalCalls
     from sidecar.external.v1.router_pb2 import RankRequest
+    from sidecar.quotas.counters import Refusal
     from sidecar.routing.strategies import ExternalAnswer
 
 # A body as pieces sent one after another (see ParsedBody.model_replaced).
@@ -63,11 +65,31 @@ class Retarget:
 @dataclass(frozen=True, slots=True)
 class Ask:
     """An external group's request: ask the group's routing service `query`, then
-    `resume` with its answer (or failure) for the Reply or Forward. The only outcome that
-    waits on I/O (docs/external.md)."""
+    `resume` with its answer (or failure) for the Reply or Forward (docs/external.md)."""
 
     group: str
     query: RankRequest
     resume: Callable[[ExternalAnswer], Reply | Forward]
     # The routing services the request started with (a reload may replace them).
     calls: ExternalCalls
+
+    async def fetch(self) -> ExternalAnswer:
+        return await self.calls.ask(self.group, self.query)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseWait:
+    """A request whose caller is under its limit while this replica's quota lease is
+    empty: wait for the quota round that renews it (asked for at once), then `resume` with
+    the admission's answer (None: admitted) for the Reply, Forward or Ask
+    (docs/quotas.md §3)."""
+
+    wait: Callable[[], Awaitable[Refusal | None]]
+    resume: Callable[[Refusal | None], Reply | Forward | Ask]
+
+    async def fetch(self) -> Refusal | None:
+        return await self.wait()
+
+
+# Outcomes that wait on I/O in a task (extproc/processor.py, ProcessStream._defer).
+Deferred = Ask | LeaseWait

@@ -8,7 +8,8 @@ up to the lease size in the same key, never past the limit, so the leases of all
 together never exceed it; a second key counts what was admitted (used, not only reserved),
 so a refusal says "over the limit" only when the fleet has used it; a replica that admitted
 nothing for about a second hands its lease back, so an idle replica cannot starve busy
-ones. When Redis does not answer,
+ones. A request that found its lease spent asks for the next round at once
+(`next_round`) and waits for it instead of being refused. When Redis does not answer,
 admission goes on against the local counters (fail open to local limits) and `up` says
 so."""
 
@@ -46,7 +47,9 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {tostring(grant), tostring(total)}
 """
 _limited = LogLimiter(log, burst=3, interval=60.0)
-
+# Rounds asked for by waiting requests start at least this long after the last one, so a
+# replica under a burst sends Redis at most a few hundred rounds a second.
+_MIN_GAP_S = 0.005
 
 
 def redis_key(prefix: str, key: CounterKey) -> str:
@@ -112,18 +115,45 @@ class RedisReconciler:
         self.up = False
         self.errors = 0
         self.rounds = 0
+        # Set by a waiting request (and by stop): start the next round now.
+        self.wake = asyncio.Event()
+        self._next: asyncio.Future[bool] | None = None
 
     async def run_until(self, stopping: asyncio.Event) -> None:
-        """Rounds until `stopping` is set, then a last one (what this replica counted
-        last). Never cancelled mid-round: a cancelled Redis call can hang its cleanup."""
+        """Rounds until `stopping` is set (and `wake` with it), then a last one (what this
+        replica counted last). Never cancelled mid-round: a cancelled Redis call can hang
+        its cleanup."""
         while not stopping.is_set():
             await self.reconcile()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.interval_s)
+                await asyncio.wait_for(self.wake.wait(), self.interval_s)
+            if self.wake.is_set() and not stopping.is_set():
+                await asyncio.sleep(_MIN_GAP_S)
         await self.reconcile()
 
+    async def next_round(self) -> bool:
+        """Wait for the end of a round that starts after this call (so it sees what the
+        caller counted as pending) and say whether Redis answered it."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        future = self._next
+        self.wake.set()
+        return await asyncio.shield(future)
+
     async def reconcile(self) -> bool:
-        """One round; False (and local limits only) when Redis did not answer."""
+        """One round; False (and local limits only) when Redis did not answer. Requests
+        waiting for a round that had not started learn its outcome."""
+        waiting, self._next = self._next, None
+        self.wake.clear()
+        answered = False
+        try:
+            answered = await self._round()
+        finally:
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answered)
+        return answered
+
+    async def _round(self) -> bool:
         pipe = self._client.pipeline(transaction=False)
         pipe.ping()  # so that a round with nothing to count still learns whether Redis answers
         plans = [self._queue(pipe, key, counter) for key, counter in self._counters.current()]

@@ -10,10 +10,12 @@ Debian's HAProxy, round-robin, health-checking each replica's `GET /ready`.
 - An answer cached by one replica (`response_cache.fleet`) is a hit on the others.
 - Every answered request has one row in the shared PostgreSQL, naming its replica.
 - A caller's requests-per-minute limit holds for the fleet within one request per replica,
-  and a caller under its limit is not refused."""
+  and a caller under its limit is not refused, even in a burst from a standing start (its
+  requests wait for their replica's lease)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -33,8 +35,8 @@ from tests.redis_server import redis_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     HAPROXY_BIN is None, reason="HAProxy is not installed (.ci/services installs Debian's)")]
-TOKEN, LIMITED = "fleet-caller-token", "fleet-limited-token"
-QUOTA = 20
+TOKEN, LIMITED, BURSTY = "fleet-caller-token", "fleet-limited-token", "fleet-bursty-token"
+QUOTA, BURST_QUOTA = 20, 200
 PROVIDERS = ("alpha", "beta", "gamma", "delta", "resp")
 CONFIG = """\
 providers:
@@ -42,6 +44,7 @@ providers:
 callers:
   - {{name: fleet, token_sha256: {digest}}}
   - {{name: limited, token_sha256: {limited}, quotas: {{requests_per_minute: {quota}}}}}
+  - {{name: bursty, token_sha256: {bursty}, quotas: {{requests_per_minute: {burst_quota}}}}}
 observations: {{flush_interval_ms: 50, refresh_ms: 50, slice_seconds: 5}}
 quotas: {{redis_url: {{env: FLEET_REDIS}}}}
 fleet: {{publish_ms: 200}}
@@ -117,7 +120,8 @@ def fleet(tmp_path_factory, postgres_admin_dsn: str) -> Iterator[Fleet]:
         config = tmp / "config.yaml"
         config.write_text(CONFIG.format(
             providers="\n".join(lines), digest=hashlib.sha256(TOKEN.encode()).hexdigest(),
-            limited=hashlib.sha256(LIMITED.encode()).hexdigest(), quota=QUOTA))
+            limited=hashlib.sha256(LIMITED.encode()).hexdigest(), quota=QUOTA,
+            bursty=hashlib.sha256(BURSTY.encode()).hexdigest(), burst_quota=BURST_QUOTA))
         replicas = [UpProcess(["--config", str(config), "--replica", f"r{i}"],
                               env={"FLEET_REDIS": redis.url, "FLEET_DSN": dsn},
                               log_path=tmp / f"r{i}.log")
@@ -257,6 +261,32 @@ def test_a_quota_holds_for_the_fleet_and_refuses_only_over_the_limit(fleet: Flee
             assert so_far >= QUOTA - slack, statuses
             if so_far < QUOTA:
                 assert "under its limit" in message, statuses
+
+
+def test_a_burst_from_a_standing_start_is_served_whole(fleet: Fleet) -> None:
+    """30 requests at once from a caller nobody has seen, limit 200 a minute: each replica
+    admits its first on credit and the others wait for the lease it asked for (issue #30.3:
+    they were refused with `retry-after: 1`)."""
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(
+                max_connections=30)) as client:
+            # Connections first (GET /ready, Envoy's health check), so the burst's requests
+            # reach the replicas within a few milliseconds of each other.
+            await asyncio.gather(*(client.get(f"{base}/ready") for _ in range(30)))
+            answers = await asyncio.gather(*(client.post(
+                f"{base}/v1/chat/completions", headers={"authorization": f"Bearer {BURSTY}"},
+                json={"model": "pinned", "messages": [{"role": "user",
+                                                       "content": f"burst {n}"}]})
+                for n in range(30)))
+        return [answer.status_code for answer in answers]
+
+    base = f"http://127.0.0.1:{fleet.balancer_port}"
+    statuses = asyncio.run(burst())
+    assert statuses == [200] * 30
+    waited = sum(fleet.metric(up, "quota_lease_waits_total", 'outcome="admitted"') or 0
+                 for up in fleet.replicas)
+    assert waited > 0  # the burst outran the leases: the wait is what served it
+    assert all(fleet.metric(up, "quota_lease_waiting") == 0 for up in fleet.replicas)
 
 
 def test_a_session_goes_on_whichever_replica_serves_its_turns(fleet: Fleet) -> None:
