@@ -124,6 +124,9 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
                      f"softmax({k:g} × term) over the warm targets (cold: weight share)")
     for target, stage in trace.exclusions:
         lines.append(f"excluded: {target}  by {stage}")
+    for target, threshold in trace.unproven:
+        lines.append(f"not applied: {threshold} to {target}  (over its limit on too little "
+                     "evidence: see thresholds.min_observations, thresholds.confidence)")
     if trace.candidates:
         names = ["cost", "latency", "throughput", "reliability", "complexity", "eval_quality"]
         header = ["target", "warm", "obs", *names, "term", "weight", "final"]

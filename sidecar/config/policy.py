@@ -105,6 +105,12 @@ class Thresholds(StrictModel):
     max_error_rate: Fraction | None = None
     max_timeout_rate: Fraction | None = None
     max_p95_latency_ms: PositiveFloat | None = None
+    # Evidence a threshold needs before it removes a target (routing/thresholds.py): this
+    # many observations in the window (unset: the policy's `min_observations`), and, for a
+    # rate, a one-sided lower confidence bound (Wilson) above the limit at this level
+    # (0.5: the rate itself). Re-admission after probing asks the same of the upper bound.
+    min_observations: NonNegativeInt | None = None
+    confidence: Annotated[float, bounded(0.5, 0.999)] = 0.95
 
 
 class DynamicScorePolicy(StrictModel):

@@ -146,6 +146,8 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         output_tokens=usage.output_tokens,
         input_tokens=usage.input_tokens,
         cache_read_tokens=usage.cache_read_tokens,
+        streamed=entry.response.response_headers.get(CONTENT_TYPE, "").startswith(
+            "text/event-stream"),
     )
 
 

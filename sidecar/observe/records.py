@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sidecar.routing.observations import REFERENCE_OUTPUT_TOKENS
+
 
 class Outcome(StrEnum):
     """How a request ended at its target (the classification table of docs/observations.md)."""
@@ -48,6 +50,7 @@ class Observation:
     cache_read_tokens: int | None = None  # read from the provider's prompt cache
     failed_over: bool = False        # this attempt failed and another target took over
     #                                  (per-attempt records arrive with pre-commit fallback)
+    streamed: bool = False           # an event stream: its first byte is the first event
 
     @property
     def ms_per_output_token(self) -> float | None:
@@ -57,6 +60,25 @@ class Observation:
                 or self.ttfb_ms is None):
             return None
         return max(0.0, self.upstream_ms - self.ttfb_ms) / self.output_tokens
+
+    @property
+    def work_ms(self) -> float | None:
+        """This reply's time on equal work: what it would have taken for a reply of
+        REFERENCE_OUTPUT_TOKENS (docs/dynamic-score.md, "Latency on equal work").
+
+        A stream's first event comes before its generation: the time to it, plus the
+        reference length at this reply's own time per token. A unary reply's generation is
+        inside its time to first byte (most providers answer once it is generated), so
+        nothing is added to it: its whole time is scaled down to the reference length when
+        it is longer, and taken as observed when it is shorter (most of a short reply's
+        time is reading the prompt, which does not grow with the reply)."""
+        if (self.output_tokens is None or self.output_tokens <= 0 or self.upstream_ms is None
+                or self.ttfb_ms is None):
+            return None
+        if self.streamed:
+            generation = max(0.0, self.upstream_ms - self.ttfb_ms)
+            return self.ttfb_ms + REFERENCE_OUTPUT_TOKENS * generation / self.output_tokens
+        return self.upstream_ms * min(1.0, REFERENCE_OUTPUT_TOKENS / self.output_tokens)
 
     @property
     def output_tokens_per_s(self) -> float | None:

@@ -34,6 +34,7 @@ class SliceCounts:
     latency: Histogram = field(default_factory=Histogram)
     ttfb: Histogram = field(default_factory=Histogram)
     per_token: Histogram = field(default_factory=Histogram)
+    work: Histogram = field(default_factory=Histogram)  # each reply's time on equal work
     tokens: float = 0.0
     token_seconds: float = 0.0
     input_tokens: float = 0.0          # of `ok` replies that reported their input
@@ -51,6 +52,9 @@ class SliceCounts:
             per_token = observation.ms_per_output_token
             if per_token is not None:
                 self.per_token.add(per_token)
+            work = observation.work_ms
+            if work is not None:
+                self.work.add(work)
             if observation.output_tokens_per_s is not None:
                 self.tokens += observation.output_tokens or 0
                 self.token_seconds += (observation.upstream_ms or 0) / 1000
@@ -71,6 +75,7 @@ class SliceCounts:
         self.latency.merge(other.latency, sign)
         self.ttfb.merge(other.ttfb, sign)
         self.per_token.merge(other.per_token, sign)
+        self.work.merge(other.work, sign)
         self.tokens += sign * other.tokens
         self.token_seconds += sign * other.token_seconds
         self.input_tokens += sign * other.input_tokens
@@ -82,13 +87,20 @@ class SliceCounts:
         return duplicate
 
 
+def _histograms(counts: SliceCounts) -> tuple[tuple[str, Histogram], ...]:
+    """The histograms by their wire keys (a replica of an older release sends no "w": its
+    slices then add no work figures, and the others route on what they have)."""
+    return (("l", counts.latency), ("t", counts.ttfb), ("p", counts.per_token),
+            ("w", counts.work))
+
+
 def to_wire(counts: SliceCounts) -> bytes:
     """Only what is non-zero: histograms as bucket → count."""
     data: dict[str, object] = {"n": counts.count,
                                "o": {o.value: n for o, n in counts.outcomes.items()}}
     if counts.failed_over:
         data["f"] = counts.failed_over
-    for key, histogram in (("l", counts.latency), ("t", counts.ttfb), ("p", counts.per_token)):
+    for key, histogram in _histograms(counts):
         if histogram.total:
             data[key] = histogram.counts
     for key, value in (("tk", counts.tokens), ("ts", counts.token_seconds),
@@ -112,8 +124,7 @@ def from_wire(raw: bytes) -> SliceCounts | None:
         if sum(counts.outcomes.values()) != counts.count:
             return None
         counts.failed_over = _whole(data.get("f", 0))
-        for key, histogram in (("l", counts.latency), ("t", counts.ttfb),
-                               ("p", counts.per_token)):
+        for key, histogram in _histograms(counts):
             for index, n in data.get(key, {}).items():
                 bucket = int(index)
                 if not 0 <= bucket < BUCKETS:

@@ -303,6 +303,7 @@ def _figures(counts: SliceCounts) -> TargetObservations:
         p95_latency_ms=counts.latency.percentile(0.95),
         p95_ttfb_ms=counts.ttfb.percentile(0.95),
         p95_ms_per_output_token=counts.per_token.percentile(0.95),
+        p95_work_ms=counts.work.percentile(0.95),
         output_tokens_per_s=(counts.tokens / counts.token_seconds
                              if counts.token_seconds > 0 else None),
         error_rate=rate(errors),

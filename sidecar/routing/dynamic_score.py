@@ -29,7 +29,7 @@ from sidecar.routing.signals import (
     prompt_feature_detector,
     request_shape_buckets,
 )
-from sidecar.routing.thresholds import least_bad, threshold_violation
+from sidecar.routing.thresholds import judge, least_bad, proven_well
 from sidecar.routing.trace import CandidateTrace, DecisionTrace, Figures
 from sidecar.routing.weighted import WeightedRotation
 
@@ -294,9 +294,11 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                      ejections: Ejections, now: float, trace: DecisionTrace,
                      ) -> tuple[list[TargetChoice], list[tuple[TargetChoice, int]]]:
     """Ejected targets are out; probing ones are out but may be probed (with the count of
-    their evidence so far), and re-enter after PROBE_SUCCESSES observations within the
-    thresholds (judged from then on by what they did since probing began). If this would
-    leave no candidate, everyone stays (availability first)."""
+    their evidence so far): ejected again once the probes show a threshold broken with
+    confidence, back once they show every threshold kept with confidence (at least
+    PROBE_SUCCESSES of them; routing/ejection.py), and judged from then on by what they did
+    since probing began. If this would leave no candidate, everyone stays (availability
+    first)."""
     kept: list[TargetChoice] = []
     out: list[tuple[TargetChoice, str]] = []
     probing: list[tuple[TargetChoice, int]] = []
@@ -307,11 +309,12 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
             continue
         if health is Health.PROBING:
             evidence = ejections.probe_evidence(choice.label, observations)
-            if ((evidence.count and threshold_violation(policy.thresholds, evidence,
-                                                        policy.latency_basis))
+            if ((evidence.count and judge(policy.thresholds, evidence,
+                                          policy.latency_basis).violation)
                     or ejections.probe_overdue(choice.label, now, evidence.count)):
-                ejections.eject(choice.label, now)  # a failed probe: out for longer
-            elif evidence.count >= PROBE_SUCCESSES:
+                ejections.eject(choice.label, now)  # failed probes: out for longer
+            elif evidence.count >= PROBE_SUCCESSES and proven_well(
+                    policy.thresholds, evidence, policy.latency_basis):
                 ejections.reenter(choice.label, now)
                 observed[choice.index] = evidence
                 kept.append(choice)
@@ -336,13 +339,17 @@ def _apply_thresholds(eligible: list[TargetChoice], policy: DynamicScorePolicy,
     kept: list[TargetChoice] = []
     removed: list[tuple[TargetChoice, str]] = []
     for choice in eligible:
-        violation = (threshold_violation(policy.thresholds, observed[choice.index],
-                                         policy.latency_basis)
-                     if warm[choice.index] else None)
-        if violation is None:
+        if not warm[choice.index]:
+            kept.append(choice)
+            continue
+        verdict = judge(policy.thresholds, observed[choice.index], policy.latency_basis,
+                        policy.min_observations)
+        for name in verdict.unproven:  # over its limit on too little evidence: not applied
+            trace.unproven.append((choice.label, name))
+        if verdict.violation is None:
             kept.append(choice)
         else:
-            removed.append((choice, violation))
+            removed.append((choice, verdict.violation))
     if not kept and removed:
         survivor = least_bad(policy.thresholds, [
             (c.index, c.target.weight, observed[c.index]) for c, _ in removed],

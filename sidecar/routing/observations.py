@@ -8,6 +8,7 @@ Snapshot file format (JSON)::
 
     {"targets": {"baseten/gpt-oss-120b": {"count": 120, "p95_latency_ms": 850,
                  "p95_ttfb_ms": 210, "p95_ms_per_output_token": 9.5,
+                 "p95_work_ms": 2600,
                  "output_tokens_per_s": 95.0, "error_rate": 0.01,
                  "timeout_rate": 0.0, "fallback_rate": 0.02, "cancel_rate": 0.0,
                  "cache_read_share": 0.6}}}
@@ -33,6 +34,8 @@ class TargetObservations:
     p95_latency_ms: float | None = None
     p95_ttfb_ms: float | None = None
     p95_ms_per_output_token: float | None = None
+    # The p95 of each reply's time on equal work (observe/records.py, Observation.work_ms).
+    p95_work_ms: float | None = None
     output_tokens_per_s: float | None = None
     error_rate: float = 0.0
     timeout_rate: float = 0.0
@@ -51,11 +54,14 @@ class TargetObservations:
 
     @property
     def work_latency_ms(self) -> float | None:
-        """Latency on equal work: p95 time to first byte + a reference reply's generation at
-        the p95 time per output token. A target that receives the long-output requests is
-        not slower for it. Without per-token figures (no usage reported), the plain p95."""
-        if self.p95_ttfb_ms is not None and self.p95_ms_per_output_token is not None:
-            return self.p95_ttfb_ms + REFERENCE_OUTPUT_TOKENS * self.p95_ms_per_output_token
+        """Latency on equal work: the p95 of each reply's time for a reference reply of
+        REFERENCE_OUTPUT_TOKENS (a stream: its first event plus the reference length at its
+        own pace; a unary reply, whose generation is inside its first byte: its time, scaled
+        down when it was longer). A target that receives the long-output requests is not
+        slower for it, and a unary reply's generation is not counted twice (issue #31: p95
+        TTFB + 256 × p95 ms per token did both). Without usage reported, the plain p95."""
+        if self.p95_work_ms is not None:
+            return self.p95_work_ms
         return self.p95_latency_ms
 
 

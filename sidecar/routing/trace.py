@@ -53,6 +53,8 @@ class DecisionTrace:
     score_terms: tuple[str, ...] = ()
     require_tags_relaxed: bool = False
     thresholds_relaxed: bool = False
+    # (target, threshold) over its limit on too little evidence to act on (thresholds.py).
+    unproven: list[tuple[str, str]] = field(default_factory=list)
     reasoning: dict[str, str | int | None] | None = None
     affinity: str = "not_applicable"
     # The target this decision probes (an ejected target whose ejection ended), if any.
@@ -111,6 +113,7 @@ class DecisionTrace:
             del data["external"]
         data["candidates"] = data.pop("_candidates")  # the last key, as it always was
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
+        data["unproven"] = [{"target": t, "threshold": s} for t, s in self.unproven]
         for row, candidate in zip(data["candidates"], rows, strict=True):
             row["final_share_bucket"] = bucket(candidate.final_share)
             row["term_value_bucket"] = (None if candidate.term_value is None

@@ -1,4 +1,6 @@
-"""`thresholds`: only warm targets are judged; if all would go, the least bad stays."""
+"""`thresholds`: only warm targets with enough evidence are judged (a rate by its lower
+confidence bound, issue #31.2); what is over its limit on thin evidence is reported, not
+acted on; if all would go, the least bad stays."""
 
 from __future__ import annotations
 
@@ -22,14 +24,49 @@ def served(obs) -> list[str]:
 
 
 def test_max_error_rate() -> None:
-    decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.05), p__b=warm()))
+    decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.10), p__b=warm()))
     assert [c.target.model_ref for c in decision.ordered] == ["b"]
     assert excluded(decision) == {"p/a": "thresholds.max_error_rate"}
 
 
 def test_max_timeout_rate() -> None:
-    decision = decide(CFG, request(), snapshot(p__a=warm(), p__b=warm(timeout_rate=0.021)))
+    decision = decide(CFG, request(), snapshot(p__a=warm(),
+                                               p__b=warm(1000, timeout_rate=0.03)))
     assert excluded(decision) == {"p/b": "thresholds.max_timeout_rate"}
+
+
+def test_one_failure_in_a_handful_is_not_an_error_rate_over_the_limit() -> None:
+    """Issue #31.2: 1 failure in 20 (5 %) crossed `max_error_rate: 0.03`. Its lower bound
+    at 0.95 is 1 %: not applied, and the trace says so."""
+    decision = decide(CFG, request(), snapshot(p__a=warm(20, error_rate=0.05), p__b=warm()))
+    assert excluded(decision) == {}
+    assert decision.trace.unproven == [("p/a", "thresholds.max_error_rate")]
+    assert decision.trace.to_dict()["unproven"] == [
+        {"target": "p/a", "threshold": "thresholds.max_error_rate"}]
+    # The same rate over 400 requests is evidence (lower bound 3.3 %).
+    confident = decide(CFG, request(), snapshot(p__a=warm(400, error_rate=0.055), p__b=warm()))
+    assert excluded(confident) == {"p/a": "thresholds.max_error_rate"}
+
+
+def test_the_evidence_standard_is_configurable() -> None:
+    plain = config("""
+  g:
+    strategy: dynamic_score
+    targets:
+      - {provider: p, model_ref: a, weight: 3}
+      - {provider: p, model_ref: b, weight: 1}
+    routing_policy:
+      dynamic_score:
+        min_observations: 5
+        thresholds: {max_error_rate: 0.03, confidence: 0.5, min_observations: 50}
+""")
+    thin = snapshot(p__a=warm(20, error_rate=0.05), p__b=warm())
+    assert excluded(decide(plain, request(), thin)) == {}  # under thresholds.min_observations
+    assert decide(plain, request(), thin).trace.unproven == [
+        ("p/a", "thresholds.max_error_rate")]
+    # At 0.5 the rate itself is compared once there are enough observations.
+    enough = snapshot(p__a=warm(50, error_rate=0.04), p__b=warm())
+    assert excluded(decide(plain, request(), enough)) == {"p/a": "thresholds.max_error_rate"}
 
 
 def test_max_p95_latency_ms() -> None:
