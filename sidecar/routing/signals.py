@@ -13,14 +13,19 @@ Complexity points (the bucket is `simple` at 0, `standard` at 1–2, `complex` a
 | images present | 1 |
 | output budget (explicit cap) ≥ 4,096 / ≥ 16,384 | 1 / 2 |
 | reasoning requested | 1 |
+| `extract` detected; `summarize` detected in an input of ≥ 250 estimated tokens (a page) | 1 |
 | each detected heavy feature (`code`, `diff`, `stack_trace`, `security_review`, | 1 |
-| `tool_agent`) | |
+| `tool_agent`; with tools present, tools and `tool_agent` are one point together) | |
 | a hard task, beyond its parts (at most once): debugging (`stack_trace` with `code` or | 1 |
-| `diff`), a code change (`diff` with `code`), or long code (`code` in an input of ≥ | |
-| 2,000 estimated tokens; needs request_shape) | |
+| `diff`), a code change (`diff` with `code`), a security review of code, an agent task | |
+| over code (`tool_agent` with `code`, `diff` or `stack_trace`), long code (`code` in an | |
+| input of ≥ 2,000 estimated tokens or with an output cap ≥ 4,096), a long document (an | |
+| input of ≥ 8,000 estimated tokens); size and cap parts need request_shape | |
 
-So a debugging request (code plus its stack trace) or a long code input is `complex`,
-while a short code question stays `standard`.
+So a debugging request (code plus its stack trace), a long code input, a security review of
+code or a long document is `complex`, while a short code question or one tool call stays
+`standard`. Tested against thirty-one prompts labelled by a reader
+(tests/fixtures/complexity_prompts.py, issue #31.3).
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ _HEAVY_FEATURES = frozenset({PromptFeature.CODE, PromptFeature.DIFF, PromptFeatu
                              PromptFeature.SECURITY_REVIEW, PromptFeature.TOOL_AGENT})
 _NO_FEATURES: frozenset[PromptFeature] = frozenset()
 _CODE_CONTEXT = frozenset({PromptFeature.CODE, PromptFeature.DIFF})
+_AGENT_WORK = frozenset({PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE})
+PAGE_TOKENS = 250
 LONG_INPUT_TOKENS = 2_000
+LONG_DOCUMENT_TOKENS = 8_000
+LONG_OUTPUT_TOKENS = 4_096
 
 FeatureDetector = Callable[[RequestSummary], frozenset[PromptFeature]]
 
@@ -110,16 +119,22 @@ def complexity(request: RequestSummary, features: frozenset[PromptFeature],
     if not signals.complexity.enabled:
         return None
     points = len(features & _HEAVY_FEATURES)
-    long_input = False
+    long_input = long_output = long_document = False
     if signals.request_shape.enabled:
         tokens = request.estimated_input_tokens
         long_input = tokens >= LONG_INPUT_TOKENS
-        points += long_input + (tokens >= 8_000) + (tokens >= 32_000)
-        points += request.has_tools + request.has_images + request.reasoning_requested
+        long_document = tokens >= LONG_DOCUMENT_TOKENS
+        points += long_input + long_document + (tokens >= 32_000)
+        points += request.has_images + request.reasoning_requested
+        if request.has_tools:  # tools are one point, whether or not they make it an agent
+            points += PromptFeature.TOOL_AGENT not in features
         cap = request.max_tokens_cap or 0
-        points += (cap >= 4_096) + (cap >= 16_384)
-    if features:
-        points += _hard_task(features, long_input)
+        long_output = cap >= LONG_OUTPUT_TOKENS
+        points += long_output + (cap >= 16_384)
+    points += PromptFeature.EXTRACT in features or (
+        PromptFeature.SUMMARIZE in features and request.estimated_input_tokens >= PAGE_TOKENS)
+    if features or long_document:
+        points += _hard_task(features, long_input or long_output, long_document)
     if points == 0:
         bucket = Complexity.SIMPLE
     elif points <= 2:
@@ -129,11 +144,16 @@ def complexity(request: RequestSummary, features: frozenset[PromptFeature],
     return ComplexityResult(bucket, points)
 
 
-def _hard_task(features: frozenset[PromptFeature], long_input: bool) -> bool:
+def _hard_task(features: frozenset[PromptFeature], long_code: bool, long_document: bool) -> bool:
     """Combinations that make a task harder than the sum of its markers: debugging (a stack
-    trace with the code or diff it came from), a code change (a diff with code), and long
-    code. Each marker alone is one point; these take the request to `complex`."""
+    trace with the code or diff it came from), a code change (a diff with code), a security
+    review of code, an agent task over code, long code (in or out) and a long document.
+    Each marker alone is one point; these take the request to `complex`."""
     code = PromptFeature.CODE in features
-    debugging = PromptFeature.STACK_TRACE in features and not features.isdisjoint(_CODE_CONTEXT)
+    in_code = not features.isdisjoint(_CODE_CONTEXT)
+    debugging = PromptFeature.STACK_TRACE in features and in_code
     code_change = code and PromptFeature.DIFF in features
-    return debugging or code_change or (code and long_input)
+    reviewed = PromptFeature.SECURITY_REVIEW in features and in_code
+    agent = PromptFeature.TOOL_AGENT in features and not features.isdisjoint(_AGENT_WORK)
+    return (debugging or code_change or reviewed or agent or (code and long_code)
+            or long_document)

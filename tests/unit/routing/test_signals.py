@@ -7,6 +7,7 @@ import pytest
 from sidecar.config.policy import Complexity, PromptFeature, Signals
 from sidecar.routing.request import Reasoning, RequestSummary
 from sidecar.routing.signals import complexity, prompt_feature_detector, request_shape_buckets
+from tests.fixtures.complexity_prompts import LABELLED
 from tests.unit.routing.helpers import request
 
 ALL = Signals()
@@ -62,7 +63,8 @@ def test_request_shape_buckets() -> None:
 @pytest.mark.parametrize(("shape", "features", "bucket", "points"), [
     ({}, set(), Complexity.SIMPLE, 0),
     ({"has_tools": True}, set(), Complexity.STANDARD, 1),
-    ({"prompt_chars": 8_000 * 4}, set(), Complexity.STANDARD, 2),
+    ({"prompt_chars": 8_000 * 4}, set(), Complexity.COMPLEX, 3),  # a long document
+    ({"prompt_chars": 7_999 * 4}, set(), Complexity.STANDARD, 1),
     ({"has_images": True, "reasoning": Reasoning(effort="high")}, set(), Complexity.STANDARD, 2),
     ({"max_tokens_cap": 20_000}, set(), Complexity.STANDARD, 2),
     ({}, {PromptFeature.CODE, PromptFeature.DIFF, PromptFeature.STACK_TRACE},
@@ -73,8 +75,12 @@ def test_request_shape_buckets() -> None:
     ({"prompt_chars": 2_000 * 4}, {PromptFeature.CODE}, Complexity.COMPLEX, 3),
     ({}, {PromptFeature.CODE}, Complexity.STANDARD, 1),
     ({}, {PromptFeature.STACK_TRACE}, Complexity.STANDARD, 1),
-    ({}, {PromptFeature.SUMMARIZE, PromptFeature.EXTRACT}, Complexity.SIMPLE, 0),
-    ({"prompt_chars": 32_000 * 4}, set(), Complexity.COMPLEX, 3),
+    ({}, {PromptFeature.SUMMARIZE}, Complexity.SIMPLE, 0),  # a short text
+    ({"prompt_chars": 250 * 4}, {PromptFeature.SUMMARIZE}, Complexity.STANDARD, 1),  # a page
+    ({}, {PromptFeature.EXTRACT}, Complexity.STANDARD, 1),
+    ({}, {PromptFeature.SECURITY_REVIEW, PromptFeature.CODE}, Complexity.COMPLEX, 3),
+    ({"max_tokens_cap": 4_096}, {PromptFeature.CODE}, Complexity.COMPLEX, 3),  # long code out
+    ({"prompt_chars": 32_000 * 4}, set(), Complexity.COMPLEX, 4),
 ])
 def test_complexity_buckets(shape, features, bucket, points) -> None:
     result = complexity(request(**shape), frozenset(features), ALL)
@@ -148,3 +154,43 @@ def test_complexity_of_realistic_prompts(name: str) -> None:
 
 def features_of(summary: RequestSummary, signals: Signals) -> frozenset[PromptFeature]:
     return prompt_feature_detector(signals)(summary)
+
+
+def bucket_of(text: str, tools: bool = False, cap: int | None = None) -> Complexity:
+    summary = request(prompt_sample=text[:16_384], prompt_chars=len(text), has_tools=tools,
+                      max_tokens_cap=cap)
+    result = complexity(summary, features_of(summary, ALL), ALL)
+    assert result is not None
+    return result.bucket
+
+
+def test_a_readers_labels_are_matched_and_never_across_the_complex_line() -> None:
+    """Issue #31.3: 3 of 30 labelled prompts got another bucket than a reader's, standard
+    prompts rated complex among them. Over thirty-one labelled prompts one differs (a prose
+    explanation of a technical idea, rated simple), and none is on the wrong side of the
+    line the SPEC's score terms draw (`complex` takes the quality floor)."""
+    differ = {name: (label, bucket_of(text, tools, cap).value)
+              for name, label, text, tools, cap in LABELLED
+              if bucket_of(text, tools, cap).value != label}
+    assert set(differ) <= {"dependency injection"}, differ
+    assert all((label == "complex") == (got == "complex") for label, got in differ.values())
+
+
+@pytest.mark.parametrize(("text", "tools", "was", "now"), [
+    # tools + tool_agent from the tools + "return " read as code: 3 points
+    ("Use the order tool to look up order 8812 and return its status.", True,
+     Complexity.COMPLEX, Complexity.STANDARD),
+    ("What is the main function of the liver?", False, Complexity.STANDARD, Complexity.SIMPLE),
+    ("What is dependency injection, and why do frameworks use it?", False,
+     Complexity.STANDARD, Complexity.SIMPLE),
+])
+def test_words_prose_uses_are_not_code_or_security_work(text, tools, was, now) -> None:
+    assert was is not now
+    assert bucket_of(text, tools) is now
+
+
+def test_tools_and_the_tool_agent_feature_count_once() -> None:
+    assert bucket_of("What's the weather in Paris?", tools=True) is Complexity.STANDARD
+    agent = ("You are an autonomous agent. Use the available tools to fix the failing "
+             "build.\n```\nmake: *** [test] Error 2\n```")
+    assert bucket_of(agent, tools=True) is Complexity.COMPLEX  # an agent task over code
