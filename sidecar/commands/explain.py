@@ -116,6 +116,10 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
         "require_tags_relaxed": trace.require_tags_relaxed or None,
         "reasoning": trace.reasoning,
         "affinity": _affinity(outcome),
+        "chosen with": (f"probability {trace.selection[0]:.3f} ({trace.selection[1]})"
+                        if trace.selection else None),
+        "odds": "  ".join(f"{t} {p:.3f}" for t, p in trace.odds) or None,
+        "policy_version": trace.policy_version or None,
     }
     lines += [f"{key}: {value}" for key, value in details.items() if value]
     if trace.blend:

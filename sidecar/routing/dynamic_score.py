@@ -78,6 +78,7 @@ class Blend:
     blended: bool
     cold_start: str
     by_share: tuple[TargetChoice, ...]  # by final share, then declared order
+    odds: tuple[tuple[str, float], ...]  # each candidate's final share, by label
 
 
 def compile_terms(policy: DynamicScorePolicy) -> tuple[CompiledTerm, ...]:
@@ -174,8 +175,14 @@ class DynamicScore:
 
         picked = _pinned_or(lambda: rotation_for(indices).pick(indices, blend.final),
                             request, policy, affinity, indices, trace)
-        primary = eligible[indices.index(picked)]
+        position = indices.index(picked)
+        primary = eligible[position]
         ordered = [primary, *(c for c in blend.by_share if c.index != picked)]
+        trace.odds = blend.odds
+        if trace.affinity is AffinityOutcome.HIT:
+            trace.chose(1.0, "pin")
+        else:
+            trace.chose(blend.odds[position][1], "blend" if blend.blended else "weights")
         if probing and ejections is not None and trace.affinity is not AffinityOutcome.HIT:
             probe, evidence = probing[0]
             if ejections.probe_due(probe.label, now, evidence):
@@ -183,6 +190,7 @@ class DynamicScore:
                 # never carries a pinned conversation's turn, and no pin ever points at it
                 # (the pin above is the usual pick).
                 trace.probe = probe.label
+                trace.chose(1.0, "probe")
                 return [probe, *ordered]
         return ordered
 
@@ -211,7 +219,9 @@ class DynamicScore:
         by_share = sorted(zip(final, eligible, strict=True), key=lambda p: (-p[0], p[1].index))
         blend = Blend(candidates, shares, scores, values, final, blended,
                       "all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed",
-                      tuple(c for _, c in by_share))
+                      tuple(c for _, c in by_share),
+                      tuple((c.label, round(f, 6)) for c, f in zip(eligible, final,
+                                                                   strict=True)))
         if len(self._blends) >= _MAX_BLENDS:
             self._blends.clear()
         self._blends[key] = blend

@@ -25,6 +25,7 @@ from sidecar.routing.gates import (
     refusal_reason,
 )
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
+from sidecar.routing.policy_version import policy_version
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import (
     Context,
@@ -45,6 +46,8 @@ class Router:
             name: group_gates(group, config.target_dialects, bridged_callers)
             for name, group in config.models.items()
         }
+        # Which policy decided: a hash of each group's configuration (policy_version).
+        self._versions = {name: policy_version(group) for name, group in config.models.items()}
         # Each group's strategy with its state (strategies.py).
         self._strategies: dict[str, Strategy] = {
             name: strategy_for(group, clock, wall_clock)
@@ -57,7 +60,8 @@ class Router:
         """`external`: for `strategy: external` groups, the routing service's answer (asked
         with `external_candidates`); without it the group's fallback strategy decides."""
         group = self._config.models[request.group]
-        trace = DecisionTrace(strategy=group.strategy, target_count=len(group.targets))
+        trace = DecisionTrace(strategy=group.strategy, target_count=len(group.targets),
+                              policy_version=self._versions[request.group])
         if request.reasoning is not None:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}

@@ -83,7 +83,10 @@ class Failover:
     """Declared order: the first eligible target, then the next ones."""
 
     def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
-        context.trace.order = "declared"
+        trace = context.trace
+        trace.order = "declared"
+        trace.odds = _certain(eligible[0], eligible)
+        trace.chose(1.0, "declared_order")
         return eligible
 
 
@@ -93,6 +96,8 @@ class Weighted:
 
     def __init__(self, rotations: Rotations) -> None:
         self._rotations = rotations
+        # The odds of each candidate set (a function of the weights alone).
+        self._odds: dict[tuple[int, ...], tuple[tuple[str, float], ...]] = {}
 
     def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
         trace = context.trace
@@ -106,6 +111,11 @@ class Weighted:
         indices = tuple(c.index for c in eligible)
         primary_index = self._rotations(indices).pick(indices, weights)
         primary = next(c for c in eligible if c.index == primary_index)
+        odds = self._odds.get(indices)
+        if odds is None:
+            odds = self._odds[indices] = weight_odds(eligible)
+        trace.odds = odds
+        trace.chose(dict(odds)[primary.label], "weights")
         rest = sorted((c for c in eligible if c.index != primary_index),
                       key=lambda c: (-c.target.weight, c.index))
         return [primary, *rest]
@@ -145,6 +155,7 @@ class Script:
     def order(self, context: Context, eligible: list[TargetChoice]) -> list[TargetChoice]:
         trace = context.trace
         current = self._base.order(context, eligible)
+        base_primary = current[0]
         features = script_features(context.request, self._detect, self._signals, self._wall())
         applied = []
         for index, (condition, rule) in enumerate(self._rules):
@@ -164,6 +175,9 @@ class Script:
                 current = sorted(current, key=lambda c: rank.get(c.label, len(rank)))
         trace.order = (f"script({self._base_name}): rules "
                        f"{', '.join(applied) if applied else 'none'} applied")
+        if current and current[0] is not base_primary:
+            trace.odds = _certain(current[0], current)  # the rules chose it, not chance
+            trace.chose(1.0, "script_rule")
         return current
 
 
@@ -182,6 +196,8 @@ class External:
         if failure is None:
             trace.external = "answered"
             trace.order = "external"
+            trace.odds = _certain(ordered[0], ordered)
+            trace.chose(1.0, "external")
             return ordered
         trace.external = failure
         ordered = self._fallback.order(context, eligible)
@@ -205,6 +221,20 @@ class External:
             if choice not in ordered:
                 ordered.append(choice)
         return ordered, None
+
+
+def weight_odds(eligible: list[TargetChoice]) -> tuple[tuple[str, float], ...]:
+    """Each candidate's weight share: its probability of being the rotation's pick."""
+    weights = [c.target.weight for c in eligible]
+    total = sum(weights)
+    if total <= 0:
+        return _certain(eligible[0], eligible)
+    return tuple((c.label, round(w / total, 6)) for c, w in zip(eligible, weights, strict=True))
+
+
+def _certain(chosen: TargetChoice,
+             candidates: list[TargetChoice]) -> tuple[tuple[str, float], ...]:
+    return tuple((c.label, 1.0 if c is chosen else 0.0) for c in candidates)
 
 
 def script_features(request: RequestSummary, detect: FeatureDetector, signals: Signals,

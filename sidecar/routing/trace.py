@@ -59,6 +59,14 @@ class DecisionTrace:
     affinity: str = "not_applicable"
     # The target this decision probes (an ejected target whose ejection ended), if any.
     probe: str | None = None
+    # A hash of the group's configuration (`policy_version`): which policy decided.
+    policy_version: str = ""
+    # The odds of this decision (docs/policy-evaluation.md): each candidate's probability of
+    # being picked as primary by the strategy's own selection (blend shares, weights), and
+    # the chosen primary's probability with why: `blend` or `weights` (its share), `pin`,
+    # `probe`, `declared_order`, `script_rule`, `external` (1: chosen without chance).
+    odds: tuple[tuple[str, float], ...] = ()
+    selection: tuple[float, str] | None = None
     # How the warm targets' room was shared, when scores moved traffic: the adjustable
     # fraction (`max_score_adjustment_percent` / 100) and the softmax `blend_sharpness`.
     blend: dict[str, float] | None = None
@@ -103,6 +111,9 @@ class DecisionTrace:
         gives that target's row alone."""
         self._candidates = build
 
+    def chose(self, probability: float, reason: str) -> None:
+        self.selection = (probability, reason)
+
     def exclude(self, target: str, stage: str) -> None:
         self.exclusions.append((target, stage))
 
@@ -114,6 +125,9 @@ class DecisionTrace:
         data["candidates"] = data.pop("_candidates")  # the last key, as it always was
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
         data["unproven"] = [{"target": t, "threshold": s} for t, s in self.unproven]
+        data["odds"] = [{"target": t, "probability": p} for t, p in self.odds]
+        data["selection"] = (None if self.selection is None else
+                             {"probability": self.selection[0], "reason": self.selection[1]})
         for row, candidate in zip(data["candidates"], rows, strict=True):
             row["final_share_bucket"] = bucket(candidate.final_share)
             row["term_value_bucket"] = (None if candidate.term_value is None

@@ -22,6 +22,7 @@ from sidecar.telemetry.rows import (
     Prices,
     RequestResult,
     cost_usd,
+    pairs_text,
     plain_int,
     plain_text,
     score_bucket,
@@ -32,12 +33,14 @@ from sidecar.telemetry.rows import (
 from sidecar.telemetry.schema import REQUEST_COLUMNS, json_text
 
 _HEAD = ("replica", "request_id", "started_at", "caller", "group_name", "admission",
-         "observation_count", "traceparent", "cache", "join_kind")
+         "observation_count", "traceparent", "cache", "join_kind", "estimated_input_tokens",
+         "output_budget")
 _PROFILE = ("strategy", "cold_start", "signals", "request_shape", "complexity",
             "prompt_features", "selected_scores", "term_value_bucket", "final_share_bucket",
             "exclusions", "max_tokens_filtered", "max_tokens_bucket", "input_size_bucket",
             "candidate_count", "reasoning_effort", "reasoning_budget_tokens", "affinity",
-            "probe", "selected_target", "external")
+            "probe", "selected_target", "external", "unproven", "policy_version",
+            "selection_probability", "selection_reason", "candidate_odds")
 _RESULT = ("serving_target", "attempts", "status", "status_class", "error_class",
            "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cached_tokens",
            "cost_usd", "cache_write_tokens", "usage_source")
@@ -48,7 +51,8 @@ _AFFINITY = _PROFILE.index("affinity")
 # A profile's columns and the counter keys its rows add to (row_counts.py).
 Profile = tuple[tuple[object, ...], tuple[str, ...] | None, tuple[tuple[str, ...], ...]]
 _NO_DECISION: Profile = (("", None, "", "{}", None, "", "{}", None, None, "", False, None,
-                          None, 0, None, None, "not_applicable", None, None, None), None, ())
+                          None, 0, None, None, "not_applicable", None, None, None, "", None,
+                          None, None, None), None, ())
 _NO_RESULT = (None, None, None, "unknown", None, None, None, None, None, None, None, None,
               None)
 _MAX_PROFILES = 4096
@@ -80,13 +84,14 @@ class RowEncoder:
         if d is None:
             assert r is not None
             head = (self._replica, r.request_id, item.at, "", "", None, None, None, None,
-                    item.join)
+                    item.join, None, None)
             profile = _NO_DECISION
         else:
+            estimate = d.estimate or (None, None)
             head = (self._replica, d.request_id, d.at, d.caller, d.group, d.admission,
                     d.observations, valid_traceparent(d.traceparent) if d.traceparent else None,
-                    d.cache, item.join)
-            key = marshal.dumps((d.group, d[7:23]))
+                    d.cache, item.join, *estimate)
+            key = marshal.dumps((d.group, d[7:23], d[24:28]))
             found = self._profiles.get(key)
             if found is None:
                 if len(self._profiles) >= _MAX_PROFILES:
@@ -120,15 +125,20 @@ def _profile(d: DecisionRecord) -> Profile:
         json_text({name: score_bucket(value) for name, value in scores.items()} if scores else {}),
         None if d.term_value is None else score_bucket(d.term_value),
         None if d.final_share is None else score_bucket(d.final_share),
-        ",".join(f"{t}:{s}" for t, s in d.exclusions),
+        pairs_text(d.exclusions),
         any(s == MAX_TOKENS_STAGE for _, s in d.exclusions),
         plain_text(shape.get("max_tokens_cap")), plain_text(shape.get("input_size")),
         d.candidate_count, plain_text(reasoning.get("effort")),
         plain_int(reasoning.get("budget_tokens")), d.affinity, d.probe, d.selected, d.external,
+        pairs_text(d.unproven), d.policy_version or None,
+        d.selection[0] if d.selection else None, d.selection[1] if d.selection else None,
+        json_text(dict(d.odds)) if d.odds else None,
     )
     if not d.strategy:  # answered before any decision: nothing to count
         return columns, None, ()
     decided = ("decisions", d.group, d.strategy, d.selected or "none")
     excluded = tuple(("threshold_exclusions", d.group, target, stage)
                      for target, stage in d.exclusions if stage.startswith("thresholds."))
+    excluded += tuple(("thresholds_unproven", d.group, target, threshold)
+                      for target, threshold in d.unproven)
     return columns, decided, excluded

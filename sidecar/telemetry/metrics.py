@@ -51,9 +51,14 @@ class Metrics:
         self._exclusions = Counter(
             "sidecar_threshold_exclusions", "targets a threshold or ejection kept out of a "
             "decision", ["group", "target", "stage"], registry=self.registry)
+        self._unproven = Counter(
+            "sidecar_thresholds_unproven", "thresholds a target was over on too little "
+            "evidence to act on (not applied)", ["group", "target", "threshold"],
+            registry=self.registry)
         self._row_counters = {"decisions": self._decisions, "fallback_transitions":
                               self._fallbacks, "affinity": self._affinity,
-                              "threshold_exclusions": self._exclusions}
+                              "threshold_exclusions": self._exclusions,
+                              "thresholds_unproven": self._unproven}
         self.registry.register(_ScrapeTime(store, self._gauges, self._by_group))
 
     def add_gauges(self, read: Callable[[], dict[str, float]]) -> None:

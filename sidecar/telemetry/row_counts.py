@@ -26,3 +26,6 @@ def count_row(counts: RowCounts, row: RequestRow | FallbackRow) -> None:
         target, _, stage = pair.partition(":")
         if stage.startswith("thresholds."):
             counts["threshold_exclusions", row.group, target, stage] += 1
+    for pair in row.unproven.split(",") if row.unproven else ():
+        target, _, threshold = pair.rpartition(":")
+        counts["thresholds_unproven", row.group, target, threshold] += 1

@@ -9,7 +9,7 @@ digests, provider keys or headers (docs/telemetry.md §2).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -134,6 +134,16 @@ class RequestRow:
     cache: str | None = None       # response cache: hit, miss, bypass (no-store)
     cache_write_tokens: int | None = None  # prompt-cache writes (input_tokens includes them)
     usage_source: str | None = None  # reported, estimated (usage_charged), or none served
+    # Issue #31: thresholds over their limit on too little evidence ("target:threshold"
+    # pairs), the decision's odds and the policy that made it, and the request's size as
+    # routing saw it (replay re-decides with these; docs/policy-evaluation.md).
+    unproven: str = ""
+    policy_version: str | None = None
+    selection_probability: float | None = None
+    selection_reason: str | None = None
+    candidate_odds: Mapping[str, float] | None = None
+    estimated_input_tokens: int | None = None
+    output_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +185,15 @@ class DecisionRecord(NamedTuple):
     term_value: float | None
     final_share: float | None
     observations: int | None
-    # What a served reply without readable usage is charged (usage_charged).
+    # (target, threshold) over its limit on too little evidence (routing/thresholds.py).
+    unproven: Sequence[tuple[str, str]] = ()
+    # The decision's odds (routing/trace.py): the primary's probability and why, each
+    # candidate's probability, and the hash of the group's configuration that decided.
+    selection: tuple[float, str] | None = None
+    odds: tuple[tuple[str, float], ...] = ()
+    policy_version: str = ""
+    # What a served reply without readable usage is charged (usage_charged), and what
+    # replay re-decides with: (estimated input tokens, output budget).
     estimate: tuple[int, int] | None = None
 
 
@@ -196,7 +214,7 @@ def decision_record(facts: DecisionFacts) -> tuple:
         shape = request_shape_buckets(facts.summary) if facts.summary is not None else {}
         return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
                 facts.cache, facts.traceparent, "", None, (), shape, None, (), [], 0, None,
-                "not_applicable", None, None, None, None, None, None, None,
+                "not_applicable", None, None, None, None, None, None, None, [], None, (), "",
                 estimate_of(facts.summary))
     selected = outcome.primary.label if isinstance(outcome, Decision) else None
     figures = trace.figures(selected) if selected is not None else None
@@ -210,6 +228,7 @@ def decision_record(facts: DecisionFacts) -> tuple:
             trace.exclusions,
             trace.candidate_count, trace.reasoning, str(trace.affinity), trace.probe,
             trace.external, selected, *(figures or (None, None, None, None)),
+            trace.unproven, trace.selection, trace.odds, trace.policy_version,
             estimate_of(facts.summary))
 
 
@@ -283,7 +302,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         term_value_bucket=None if d is None or d.term_value is None else score_bucket(d.term_value),
         final_share_bucket=(None if d is None or d.final_share is None
                             else score_bucket(d.final_share)),
-        exclusions=",".join(f"{t}:{s}" for t, s in d.exclusions) if d is not None else "",
+        exclusions=pairs_text(d.exclusions) if d is not None else "",
         max_tokens_filtered=d is not None and any(s == MAX_TOKENS_STAGE
                                                   for _, s in d.exclusions),
         max_tokens_bucket=plain_text(shape.get("max_tokens_cap")),
@@ -313,6 +332,13 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         external=d.external if d is not None else None,
         cache=d.cache if d is not None else None,
         usage_source=source,
+        unproven=pairs_text(d.unproven) if d is not None else "",
+        policy_version=(d.policy_version or None) if d is not None else None,
+        selection_probability=d.selection[0] if d is not None and d.selection else None,
+        selection_reason=d.selection[1] if d is not None and d.selection else None,
+        candidate_odds=dict(d.odds) if d is not None and d.odds else None,
+        estimated_input_tokens=d.estimate[0] if d is not None and d.estimate else None,
+        output_budget=d.estimate[1] if d is not None and d.estimate else None,
     )
 
 
@@ -332,6 +358,11 @@ def score_bucket(value: float) -> str:
 
 def valid_traceparent(value: str) -> str | None:
     return value if len(value) == 55 and _TRACEPARENT.fullmatch(value) else None
+
+
+def pairs_text(pairs: Sequence[tuple[str, str]]) -> str:
+    """`target:stage` pairs, comma-separated (exclusions, unproven thresholds)."""
+    return ",".join(f"{t}:{s}" for t, s in pairs)
 
 
 def plain_text(value: object) -> str | None:

@@ -73,6 +73,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE request_rows ADD COLUMN usage_source TEXT",
         "ALTER TABLE daily_usage ADD COLUMN estimated_requests BIGINT NOT NULL DEFAULT 0",
     )),
+    (7, (  # every decision's odds and policy, unproven thresholds, size for replay (#31)
+        "ALTER TABLE request_rows ADD COLUMN unproven TEXT",
+        "ALTER TABLE request_rows ADD COLUMN policy_version TEXT",
+        "ALTER TABLE request_rows ADD COLUMN selection_probability DOUBLE PRECISION",
+        "ALTER TABLE request_rows ADD COLUMN selection_reason TEXT",
+        "ALTER TABLE request_rows ADD COLUMN candidate_odds TEXT",
+        "ALTER TABLE request_rows ADD COLUMN estimated_input_tokens BIGINT",
+        "ALTER TABLE request_rows ADD COLUMN output_budget BIGINT",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
@@ -90,12 +99,14 @@ _REQUEST_FIELDS = attrgetter(*(f.name for f in fields(RequestRow)))
 _FALLBACK_FIELDS = attrgetter(*(f.name for f in fields(FallbackRow)))
 _SHAPE = REQUEST_COLUMNS.index("request_shape")
 _SCORES = REQUEST_COLUMNS.index("selected_scores")
+_ODDS = REQUEST_COLUMNS.index("candidate_odds")
 
 
 def request_values(replica: str, row: RequestRow) -> tuple[object, ...]:
     values = [replica, *_REQUEST_FIELDS(row)]
     values[_SHAPE] = json_text(row.request_shape)
     values[_SCORES] = json_text(row.selected_scores)
+    values[_ODDS] = None if row.candidate_odds is None else json_text(row.candidate_odds)
     return tuple(values)
 
 

@@ -126,6 +126,14 @@ def test_each_request_one_joined_row_with_usage_cost_and_fallbacks(stack) -> Non
         (served["input_tokens"] * 3 + served["output_tokens"] * 15) / 1e6)
     assert json.loads(served["request_shape"])["dialect"] == "openai_chat"
     assert direct.http_response.status_code == 200
+    # Every decision's odds and policy (issue #31): a failover group picks with certainty.
+    versions = {r["policy_version"] for r in found}
+    assert len(versions) == 1 and int(versions.pop(), 16) >= 0
+    for r in found:
+        assert (r["selection_probability"], r["selection_reason"]) == (1.0, "declared_order")
+        assert json.loads(r["candidate_odds"]) == {"flaky/flaky-model": 1.0,
+                                                   "good/good-model": 0.0}
+        assert r["estimated_input_tokens"] == 4 and r["output_budget"] == 1024
 
     transitions = rows(db, "fallback_transitions", seen_transitions + 2)[seen_transitions:]
     assert sorted((t["from_target"], t["to_target"], t["failure"]) for t in transitions) == [

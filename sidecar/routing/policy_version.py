@@ -1,0 +1,25 @@
+"""`policy_version`: a short, stable name for a group's configuration, so a decision says
+which policy made it, and replay and shadow comparisons say which policies they compare.
+
+The SHA-256 of the group's configuration as canonical JSON (every key, defaults included,
+sorted), first 12 hex digits. The same configuration gives the same version in every
+replica and after every restart; any change to the group (a weight, a threshold, a score
+term, a target) gives another. Prices are the targets' configuration, so they count too.
+Nothing secret is in a group's configuration (keys live in `providers`), and a hash of it
+reveals nothing but equality.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sidecar.config.models import ModelGroup
+
+VERSION_DIGITS = 12
+
+
+def policy_version(group: ModelGroup) -> str:
+    canonical = json.dumps(group.model_dump(mode="json"), sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:VERSION_DIGITS]
