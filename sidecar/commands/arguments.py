@@ -170,6 +170,26 @@ def parser() -> argparse.ArgumentParser:
                          default="target")
     reports.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
+    replays = command("replay", "re-decide a logged window under a candidate configuration "
+                                "and estimate its cost, latency and errors "
+                                "(docs/policy-evaluation.md)")
+    replays.add_argument("--config", type=Path, required=True,
+                         help="the candidate configuration")
+    replays.add_argument("--db", type=Path,
+                         help="a telemetry SQLite file (default: the database the candidate's "
+                              "telemetry section names)")
+    replays.add_argument("--since", default="24h", help="period start, ago (default: 24h)")
+    replays.add_argument("--until", help="period end, ago (default: now)")
+    replays.add_argument("--group", help="only this group")
+    replays.add_argument("--format", choices=["table", "json", "html"], default="table")
+    replays.add_argument("--out", type=Path, help="write the report to this file")
+    replays.add_argument("--confidence", type=float, default=0.95,
+                         help="interval level, 0.5 to 0.999 (default: 0.95)")
+    progress = replays.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="a progress bar on standard error (default: on a terminal)")
+    progress.add_argument("--no-progress", dest="progress", action="store_false")
+
     rollup = command("rollup", "roll up finished days and expire raw telemetry rows past "
                                "raw_retention_days (docs/telemetry.md; the sidecar also does "
                                "this on a schedule)")

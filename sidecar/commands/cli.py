@@ -326,6 +326,36 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from sidecar.commands.replay import progress_for, run_replay
+
+    if not 0.5 <= args.confidence <= 0.999:
+        print("error: --confidence must be between 0.5 and 0.999", file=sys.stderr)
+        return 2
+    candidate = load_config_file(args.config)
+    if args.db is not None:
+        settings = _telemetry_settings(args)
+    elif candidate.telemetry.enabled:
+        settings = candidate.telemetry
+    else:
+        print(f"error: {args.config} names no telemetry database; give --db", file=sys.stderr)
+        return 2
+    if settings is None:
+        return 2
+    try:
+        text = run_replay(candidate, settings, args.since, args.until, args.group,
+                          args.format, args.confidence, progress_for(args.progress))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
 def _rollup(args: argparse.Namespace) -> int:
     from sidecar.commands.report import run_rollup
 
@@ -344,6 +374,7 @@ _COMMANDS = {
     "check-config": _check_config,
     "report": _report,
     "rollup": _rollup,
+    "replay": _replay,
     "render-envoy": _render_envoy,
     "explain": _explain,
     "observations": _observations,

@@ -50,6 +50,9 @@ class RequestSummary:
     bridge_refusal: str | None = None
     # The group's expected output of an uncapped request (output_budget).
     default_output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    # The prompt features already found, by name, when there is no prompt to scan: a
+    # logged request re-decided by `sidecar replay` (evaluation/). None: scan the sample.
+    known_features: frozenset[str] | None = None
 
     @property
     def reasoning_requested(self) -> bool:

@@ -59,6 +59,8 @@ def prompt_feature_detector(signals: Signals) -> FeatureDetector:
     tool_agent = PromptFeature.TOOL_AGENT in config.features
 
     def features_of(request: RequestSummary) -> frozenset[PromptFeature]:
+        if request.known_features is not None:  # a logged request: what was found then
+            return frozenset(f for f in config.features if f.value in request.known_features)
         found = scan(request.prompt_sample)
         if tool_agent and request.has_tools:
             found.add(PromptFeature.TOOL_AGENT)
