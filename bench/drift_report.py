@@ -137,7 +137,8 @@ class Drift:
     half_share_s: float | None
 
 
-def _sliding(attempts: list[Attempt], begin: float, end: float) -> list[tuple[float, float]]:
+def _sliding(attempts: list[Attempt], begin: float, end: float,
+             degraded: str = DEGRADED) -> list[tuple[float, float]]:
     """(t, the degraded target's share of the attempts in [t − 5 s, t)) for t every second
     from `begin` + 5 s to `end`: the drain and the return are timed on a sliding 5 s share,
     to the second, not to the 5 s table's bucket edges."""
@@ -145,26 +146,28 @@ def _sliding(attempts: list[Attempt], begin: float, end: float) -> list[tuple[fl
     t = begin + BUCKET_S
     while t <= end + 1e-9:
         inside = [a for a in attempts if t - BUCKET_S <= a.at < t]
-        points.append((t, sum(a.provider == DEGRADED for a in inside) / max(1, len(inside))))
+        points.append((t, sum(a.provider == degraded for a in inside) / max(1, len(inside))))
         t += 1.0
     return points
 
 
-def drift(attempts: list[Attempt], starts: dict[str, float], total_s: float) -> Drift:
+def drift(attempts: list[Attempt], starts: dict[str, float], total_s: float,
+          degraded: str = DEGRADED) -> Drift:
+    """The degraded target's drain and return (the module's definitions)."""
     steady = [a for a in attempts if starts["steady"] <= a.at < starts["degrade"]]
-    steady_share = sum(a.provider == DEGRADED for a in steady) / max(1, len(steady))
+    steady_share = sum(a.provider == degraded for a in steady) / max(1, len(steady))
     degrade, recover = starts["degrade"], starts["recover"]
-    drained = next((t for t, share in _sliding(attempts, degrade, recover) if share < DRAINED),
-                   None)
+    drained = next((t for t, share in _sliding(attempts, degrade, recover, degraded)
+                    if share < DRAINED), None)
     drain_s = after = worst = None
     if drained is not None:
         # Drained at the start of the first 5 s under 1 %; measured from then to recovery.
         begin = drained - BUCKET_S
         drain_s = begin - degrade
         window = [a for a in attempts if begin <= a.at < recover]
-        after = sum(a.provider == DEGRADED for a in window) / max(1, len(window))
-        worst = max(share for _, share in _sliding(attempts, begin, recover))
-    back = next((t for t, share in _sliding(attempts, recover, total_s)
+        after = sum(a.provider == degraded for a in window) / max(1, len(window))
+        worst = max(share for _, share in _sliding(attempts, begin, recover, degraded))
+    back = next((t for t, share in _sliding(attempts, recover, total_s, degraded)
                  if share >= steady_share / 2), None)
     return Drift(steady_share, drain_s, after, worst, None if back is None else back - recover)
 

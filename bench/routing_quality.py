@@ -1,4 +1,17 @@
-"""Benchmark: routing quality under drift (issue #14), `weighted` against `dynamic_score`.
+"""Benchmark: routing quality under drift (issues #14 and #31), `weighted` against
+`dynamic_score`.
+
+`--family` (issue #31): a documented family of workloads (target profiles, traffic mixes,
+drift kinds: bench/family_workloads.py), one member per seed, simulated on the real routing
+core (bench/family_sim.py), at least 20 seeds; per figure the median and the worst decile
+against `weighted`, beside the goals (bench/routing_family.py). Minutes, not hours:
+
+  .venv/bin/python bench/routing_quality.py --family --seeds 24 [--window 600]
+      [--strategies dynamic_score,dynamic_score@work_normalized] [--workers 2]
+      [--output bench/results/routing_family.md]
+
+Without `--family`: one workload through the real stack, as follows (how the simulation is
+checked against real Envoy).
 
 For each strategy, a fresh stack (`sidecar up` with real Envoy and the real sidecar) in
 front of three fake providers (bench/drift_workload.py); the same seeded mixed workload is
@@ -184,9 +197,14 @@ def run_strategy(strategy: str, jobs: list[Job], phases: Phases, window: int, se
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", action="store_true",
+                        help="the family of workloads, simulated on the routing core")
+    parser.add_argument("--seeds", type=int, default=24, help="--family: how many members")
+    parser.add_argument("--workers", type=int, default=2, help="--family: processes")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second")
-    parser.add_argument("--window", type=int, default=30, help="observation window, s")
+    parser.add_argument("--window", type=int, default=None,
+                        help="observation window, s (default: 30; --family: 600, the SPEC's)")
     parser.add_argument("--phases", default="20,40,90,60",
                         help="warm,steady,degrade,recover seconds")
     parser.add_argument("--strategies", default="weighted,dynamic_score",
@@ -197,6 +215,18 @@ def main() -> None:
     parser.add_argument("--logs", type=Path,
                         help="keep each stack's log here, with every decision logged")
     args = parser.parse_args()
+    if args.family:
+        from routing_family import main_family
+        strategies = [s for s in args.strategies.split(",") if s != "weighted"]
+        if args.strategies == parser.get_default("strategies"):
+            strategies = ["dynamic_score", "dynamic_score@work_normalized"]
+        text = main_family(args.seeds, strategies, args.window or 600, args.rate,
+                           args.workers)
+        print(text)
+        if args.output:
+            args.output.write_text(text)
+        return
+    args.window = args.window or 30
     phases = Phases(*(float(x) for x in args.phases.split(",")))
     jobs = workload(args.seed, phases.total, args.rate)
     runs = {}

@@ -13,7 +13,7 @@ from typing import Any
 from sidecar.commands.text_table import format_table
 from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.database import Database, open_database
-from sidecar.telemetry.reports import Filters, parse_since, report
+from sidecar.telemetry.reports import Filters, parse_since, report, shadow_report
 from sidecar.telemetry.store import TelemetryStore
 
 
@@ -24,8 +24,11 @@ def filters_for(since: str, until: str | None, group: str | None, caller: str | 
 
 
 def report_document(db: Database, kind: str, filters: Filters, by: str) -> dict[str, Any]:
-    return {"report": kind, "by": by, "since": filters.since, "until": filters.until,
-            "rows": report(db, kind, filters, by)}
+    document = {"report": kind, "by": by, "since": filters.since, "until": filters.until,
+                "rows": report(db, kind, filters, by)}
+    if kind == "decisions":  # and how each group's shadow policy would have decided
+        document["shadow"] = shadow_report(db, filters)
+    return document
 
 
 def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
@@ -42,6 +45,7 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
         return json.dumps(document, indent=2)
     rows = document["rows"]
     flat = [{k: _cell(v) for k, v in row.items()} for row in rows]
+    shadow = [{k: _cell(v) for k, v in row.items()} for row in document.get("shadow", [])]
     if output == "csv":
         buffer = io.StringIO()
         if flat:
@@ -49,7 +53,10 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
             writer.writeheader()
             writer.writerows(flat)
         return buffer.getvalue().rstrip("\n")
-    return _table(flat) if flat else f"no {kind} in that period"
+    text = _table(flat) if flat else f"no {kind} in that period"
+    if shadow:
+        text += "\n\nshadow policies against the live ones:\n" + _table(shadow)
+    return text
 
 
 def _cell(value: Any) -> str:

@@ -101,8 +101,17 @@ class Fallback(StrictModel):
 
     def attempt_order(self, targets: Sequence[T]) -> list[T]:
         """The attempts a decision's order allows: each target `retry_same_target` more
-        times in a row, `max_attempts` in all."""
+        times in a row, `max_attempts` in all. A decision of several targets but fewer
+        attempts than that goes round them again for the attempts left, so one target's
+        one-off failure after another's is retried, not answered (issue #31: with
+        `max_attempts: 3`, [A, B] is A, B, A). A decision of one target is left to
+        `retry_same_target`: retrying a lone provider that just answered 429 only adds
+        load it asked not to get."""
         repeated = [target for target in targets for _ in range(self.retry_same_target + 1)]
+        if len(targets) < 2:
+            return repeated[:self.max_attempts]
+        while len(repeated) < self.max_attempts:
+            repeated += repeated[:self.max_attempts - len(repeated)]
         return repeated[:self.max_attempts]
 
     @property

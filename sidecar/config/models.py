@@ -41,6 +41,7 @@ from sidecar.config.fleet import FleetSettings
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
 from sidecar.config.quotas import CallerQuotas, QuotaSettings
 from sidecar.config.service_settings import Limits, Observations, Sessions, Telemetry
+from sidecar.config.shadow import ShadowPolicy
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
 from sidecar.dialects.apis import Dialect
 
@@ -203,6 +204,8 @@ class ModelGroup(StrictModel):
     # Off by default: a bridge translates, and some fields cannot cross (then the target is
     # ineligible for that request).
     bridges: bool = False
+    # A candidate policy decided beside every live decision, never acted on (shadow.py).
+    shadow: ShadowPolicy | None = None
 
     # That `strategy: script` has its `script` block (and `external` its `external`) and that
     # the rules name targets of the group are cross-references (references.py): checked
@@ -216,6 +219,28 @@ class ModelGroup(StrictModel):
                              "require_requested_api_skin: false (that filter keeps every "
                              "request on targets of its own API)")
         return self
+
+    @model_validator(mode="after")
+    def _shadow_weights_name_targets(self) -> ModelGroup:
+        if self.shadow is not None:
+            labels = {f"{t.provider}/{t.model_ref}" for t in self.targets}
+            unknown = sorted(set(self.shadow.weights) - labels)
+            if unknown:
+                raise ValueError(f"shadow.weights names no target of this group: "
+                                 f"{', '.join(unknown)} (targets: {', '.join(sorted(labels))})")
+        return self
+
+    def shadow_group(self) -> ModelGroup | None:
+        """The group as its shadow policy would have it (None without one)."""
+        shadow = self.shadow
+        if shadow is None:
+            return None
+        targets = [t.model_copy(update={"weight": shadow.weights[label]})
+                   if (label := f"{t.provider}/{t.model_ref}") in shadow.weights else t
+                   for t in self.targets]
+        return self.model_copy(update={
+            "strategy": shadow.strategy or self.strategy, "targets": targets,
+            "routing_policy": shadow.routing_policy or self.routing_policy, "shadow": None})
 
     @property
     def caches_responses(self) -> bool:

@@ -39,7 +39,8 @@ class RequestShape:
                 spend_ceiling_usd: float | None = None,
                 conversation_key: bytes | None = None,
                 bridge_refusal: str | None = None,
-                default_output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> RequestSummary:
+                default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+                budget_pressure: float = 0.0) -> RequestSummary:
         """What the routing core gets: this shape plus who asked for which group."""
         return RequestSummary(
             group=group, caller=caller, dialect=dialect, stream=self.stream,
@@ -48,7 +49,7 @@ class RequestShape:
             prompt_chars=self.prompt_chars, prompt_sample=self.prompt_sample,
             spend_ceiling_usd=spend_ceiling_usd, conversation_key=conversation_key,
             structured_output=self.structured_output, bridge_refusal=bridge_refusal,
-            default_output_tokens=default_output_tokens,
+            default_output_tokens=default_output_tokens, budget_pressure=budget_pressure,
         )
 
 

@@ -30,6 +30,7 @@ from sidecar.envoy_contract import (
     SESSION_KEY_HEADER,
     USAGE_UNASKED_HEADER,
 )
+from sidecar.evaluation.shadow import shadow_decider
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
@@ -88,6 +89,8 @@ class Gateway:
         self._telemetry = telemetry
         sessions = runtime.config.sessions
         self.sessions = SessionStore(sessions.ttl_seconds, sessions.max_entries)
+        # Groups' shadow policies, decided off the decision path (evaluation/shadow.py).
+        self.shadows = shadow_decider(runtime.config, observations)
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
         self.retry_credentials_received = 0
 
@@ -104,6 +107,7 @@ class Gateway:
         self._runtime = runtime
         self.external = external
         self.caches = caches
+        self.shadows = shadow_decider(runtime.config, self._observations)
 
     @property
     def forwarded_headers(self) -> frozenset[str]:
@@ -193,11 +197,13 @@ class Gateway:
         shape = request_shape(pending.dialect, payload, scan_limit(group))
         refusal = (bridge_refusal(runtime.bridge_translators.get((model, pending.dialect)),
                                   payload) if group.bridges else None)
+        pressure = (self.quotas.counters.spend_pressure(pending.caller.name, model)
+                    if self.quotas is not None and model in runtime.pressure_groups else 0.0)
         summary = shape.summary(model, pending.caller.name, pending.dialect,
                                 pending.caller.spend_ceiling_usd,
                                 affinity_key(pending.caller.name, model, group, pending.dialect,
                                              payload, pending.stateful_session), refusal,
-                                group.output_budget_tokens)
+                                group.output_budget_tokens, pressure)
         session = (bool(pending.session_id) and pending.dialect is Dialect.OPENAI_CHAT
                    and model in runtime.session_routes)
         if session:  # routed as the Responses request it becomes (docs/dialects.md §13)
@@ -240,6 +246,9 @@ class Gateway:
                 summary, pending.traceparent, cache=cache.outcome if cache else None))
         if self.quotas is not None and pending.request_id and isinstance(decision, Decision):
             self.quotas.expect(pending.request_id, estimate_of(summary))  # type: ignore[arg-type]
+        shadows = self.shadows
+        if shadows is not None and model in shadows and isinstance(decision, Decision):
+            shadows.offer(summary, decision)
         if isinstance(decision, NoEligibleTarget):
             if decision.retry_after_s is not None:
                 wait = max(1, math.ceil(decision.retry_after_s))

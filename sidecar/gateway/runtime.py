@@ -104,6 +104,12 @@ class Runtime:
         # nothing of when or how often the sidecar reloaded.
         self.generation = secrets.token_hex(8)
         self.router = Router(config)
+        # Groups whose score terms read `budget_pressure`: only their requests look it up.
+        self.pressure_groups = frozenset(
+            name for name, group in config.models.items()
+            if group.strategy == "dynamic_score" and any(
+                "budget_pressure" in term.expression
+                for term in group.dynamic_score.score_terms))
         self.callers_by_digest: dict[str, Caller]
         self.callers_by_digest, problems = caller_digests(config.callers, environ)
         if problems:

@@ -12,6 +12,8 @@ from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.metrics import add_cache_metrics
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import split_host_port
+from sidecar.evaluation.metrics import add_shadow_metrics
+from sidecar.evaluation.shadow import ShadowLoop
 from sidecar.external.client import ExternalCalls
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.extproc.server import start_server
@@ -57,6 +59,7 @@ class RunningSidecar:
     processor: ExternalProcessor
     telemetry: TelemetryHandoff | None = field(default=None)
     fleet: FleetChannel | None = field(default=None)
+    shadows: ShadowLoop | None = field(default=None)
     reloader: Reloader | None = field(default=None)
     # External routing clients a reload replaced: closed once their calls are done.
     _retired: list[ExternalCalls] = field(default_factory=list)
@@ -80,6 +83,8 @@ class RunningSidecar:
         await self.quotas.stop()
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.shadows is not None:
+            await self.shadows.stop()  # its last rollup before telemetry stops
         if self.telemetry is not None:
             await self.telemetry.stop()
         for external in [self.gateway.external, *self._retired]:
@@ -160,6 +165,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     metrics.add_gauges(lambda: {"ext_proc_streams": float(processor.active_streams)})
     metrics.add_handling_times(processor.handling)
     add_routing_metrics(metrics, gateway)
+    add_shadow_metrics(metrics, lambda: gateway.shadows)
+    shadows = ShadowLoop(lambda: gateway.shadows,
+                         telemetry.shadow if telemetry is not None else None)
+    shadows.start()
     add_cache_metrics(metrics, lambda: gateway.caches)
     add_quota_metrics(metrics, quotas)
     quotas.start()
@@ -175,13 +184,15 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         await admin.start()
     except OSError as exc:
         await server.stop(grace=0)
+        await shadows.stop()
         if fleet is not None:
             await fleet.stop()
         if telemetry is not None:
             await telemetry.stop()
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
     return RunningSidecar(server, admin, store, gateway, receiver, quotas,
-                          longest_request_s(config), metrics, processor, telemetry, fleet)
+                          longest_request_s(config), metrics, processor, telemetry, fleet,
+                          shadows)
 
 
 def add_routing_metrics(metrics: Metrics, gateway: Gateway) -> None:

@@ -156,6 +156,23 @@ class QuotaCounters:
             else:
                 del self.counters[key]
 
+    def spend_pressure(self, caller: str, group: str) -> float:
+        """How much of `caller`'s daily spend budget is used, 0–1 in steps of 0.01: the
+        largest share over its `spend_per_day_usd` limits (over all groups, and over
+        `group`), as counted so far (this replica's count and the fleet's last total); 0
+        without such a limit. The `budget_pressure` score (routing/scores.py): read per
+        request, a few dictionary lookups, never the network."""
+        pressure = 0.0
+        window = int(self._clock() // WINDOW_S["spend_per_day_usd"])
+        for scope, limits in self._scopes(caller, group):
+            limit = limits.spend_per_day_usd
+            if limit is None:
+                continue
+            counter = self.counters.get((caller, scope, "spend_per_day_usd", window))
+            if counter is not None:
+                pressure = max(pressure, (counter.known + counter.unsynced) / limit)
+        return min(1.0, math.floor(pressure * 100) / 100)
+
     def _scopes(self, caller: str, group: str) -> Iterator[tuple[str, QuotaLimits]]:
         quotas = self._quotas.get(caller)
         if quotas is None:

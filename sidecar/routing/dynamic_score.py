@@ -147,6 +147,7 @@ class DynamicScore:
         # Quality floors (require_tags) before health: if thresholds must relax, they relax
         # among the targets the floor allows, never across it.
         eligible = self._apply_require_tags(eligible, applicable.required_tags, trace)
+        floor = eligible  # within the quality floor, before health
         probing: list[tuple[TargetChoice, int]] = []
         if active is not None:
             eligible, probing = _apply_ejections(eligible, policy, observations, observed,
@@ -166,7 +167,8 @@ class DynamicScore:
                                          observed[c.index].cache_read_share or 0.0)
                       for c in eligible)
         hot = tuple(warm[index] for index in indices)
-        blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot)
+        blend = self._blend(eligible, indices, figures, costs, bucket, matching, hot,
+                            request.budget_pressure)
         trace.cold_start = blend.cold_start
         trace.defer_candidates(_BlendRows(eligible, blend))
         trace.order = "blended_shares" if blend.blended else "weight_shares"
@@ -177,7 +179,8 @@ class DynamicScore:
                             request, policy, affinity, indices, trace)
         position = indices.index(picked)
         primary = eligible[position]
-        ordered = [primary, *(c for c in blend.by_share if c.index != picked)]
+        ordered = [primary, *(c for c in blend.by_share if c.index != picked),
+                   *_last_resort(floor, indices)]
         trace.odds = blend.odds
         if trace.affinity is AffinityOutcome.HIT:
             trace.chose(1.0, "pin")
@@ -191,17 +194,18 @@ class DynamicScore:
                 # (the pin above is the usual pick).
                 trace.probe = probe.label
                 trace.chose(1.0, "probe")
-                return [probe, *ordered]
+                return [probe, *(c for c in ordered if c.index != probe.index)]
         return ordered
 
     def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
                figures: tuple[TargetObservations, ...], costs: tuple[float | None, ...],
                bucket: ComplexityResult | None, matching: tuple[CompiledTerm, ...],
-               hot: tuple[bool, ...]) -> Blend:
+               hot: tuple[bool, ...], pressure: float = 0.0) -> Blend:
         """Scores → score_terms → cold start and the capped blend, for these inputs. Requests
         with the same inputs get the same result, so it is kept (a few hundred at most) under
-        the candidates, their observation figures and warmth, costs and complexity."""
-        key = (indices, figures, hot, costs, bucket.points if bucket else None)
+        the candidates, their observation figures and warmth, costs, complexity and budget
+        pressure (in steps of 0.01)."""
+        key = (indices, figures, hot, costs, bucket.points if bucket else None, pressure)
         blend = self._blends.get(key)
         if blend is not None:
             return blend
@@ -209,7 +213,8 @@ class DynamicScore:
                       for c, figure, warm, cost in zip(eligible, figures, hot, costs,
                                                        strict=True)]
         scores = score_candidates(candidates, self.policy.signals,
-                                  bucket.score if bucket else None, self.policy.latency_basis)
+                                  bucket.score if bucket else None, self.policy.latency_basis,
+                                  pressure)
         # Only warm targets move by score; a cold target's term value is not computed.
         values = [sum(t.evaluate(s) for t in matching) if matching and h else None
                   for s, h in zip(scores, hot, strict=True)]
@@ -273,6 +278,16 @@ class _BlendRows:
                 return (blend.scores[index], blend.values[index], blend.final[index],
                         blend.candidates[index].observations.count)
         return None
+
+
+def _last_resort(floor: list[TargetChoice], candidates: tuple[int, ...]) -> list[TargetChoice]:
+    """Targets health kept out (ejected, probing, over a threshold) but within the quality
+    floor: the decision's last fallbacks, after every healthy candidate, by weight. A
+    request whose healthy targets all failed tries a sick one rather than fail (issue #31:
+    a quality floor with one healthy target left turned its one-off failures into client
+    errors); it is never anyone's primary, so a sick target's share stays the probes'."""
+    rest = [c for c in floor if c.index not in candidates]
+    return sorted(rest, key=lambda c: (-c.target.weight, c.index)) if rest else rest
 
 
 def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,

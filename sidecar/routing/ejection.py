@@ -8,16 +8,17 @@ recovered is back within one), then *probed*: one request at a time, at most one
 `PROBE_INTERVAL` decisions of its group (never a pinned conversation's turn), as the primary
 of a decision whose usual targets follow as fallbacks (a failed probe costs the caller
 nothing); as good answers accumulate, probes come faster and several may be in flight
-(`probe_pace`). Its probes are judged on exactly what was observed since probing began (a
-tally of the observation store, not a window), as a sequential test with the thresholds'
-standard of evidence both ways (routing/thresholds.py): it is ejected again as soon as a
-rate's lower confidence bound is over its limit (a first probe that fails does that), and
-re-enters once it has at least `PROBE_SUCCESSES` probes and every rate's *upper* bound is
-under its limit (issue #31: three good probes in a row re-admitted a target failing 10 % of
-its requests 73 % of the time). With `max_error_rate: 0.03` at 0.95 that takes about 90
-good probes. A first probe unanswered for longer than the longest ejection has failed. It
-re-enters warm with that evidence, so it gets its live score, not its cold weight; until a
-whole window has passed it is judged by what it did since probing began.
+(`probe_pace`, a slow start). Its probes are judged on exactly what was observed since
+probing began (a tally of the observation store, not a window), as a sequential test with
+the thresholds' standard of evidence both ways (routing/thresholds.py): it is ejected again
+as soon as a rate's lower confidence bound is over its limit (a first probe that fails does
+that), and re-enters once it has at least `PROBE_SUCCESSES` probes and every rate's *upper*
+bound is under its limit (issue #31: three good probes in a row re-admitted a target
+failing 10 % of its requests 73 % of the time). With `max_error_rate: 0.03` at 0.95 that
+takes 88 good probes. A first probe unanswered for longer than the longest ejection has
+failed. It re-enters warm with that evidence, so it gets its live score, not its cold
+weight; until a whole window has passed it is judged by what it did since probing began.
+While out, it is still the last fallback of decisions it is eligible for (dynamic_score.py).
 
 State per group, on the router's injectable clock; pure (no I/O). Keyed by target label
 (`provider/model_ref`), like the observations.
@@ -36,13 +37,13 @@ from sidecar.routing.observations import ObservationView, TargetObservations
 # re-enters on fewer observations than this.
 PROBE_INTERVAL = 10
 PROBE_SUCCESSES = 3
-# How probing speeds up with its evidence: the interval halves every PACE_STEP answers
-# (never under MIN_PROBE_INTERVAL), and one more probe may be in flight every IN_FLIGHT_STEP
-# answers (at most MAX_IN_FLIGHT).
-PACE_STEP = 16
+# How probing speeds up with its evidence, like a TCP slow start: the interval halves with
+# every answer (never under MIN_PROBE_INTERVAL), and every answer lets one more probe be in
+# flight (at most MAX_IN_FLIGHT). A target that answers well is probed at up to one
+# decision in two within a few round trips; one that fails is ejected by its first failures
+# (the sequential test), before many probes are out.
 MIN_PROBE_INTERVAL = 2
-IN_FLIGHT_STEP = 8
-MAX_IN_FLIGHT = 8
+MAX_IN_FLIGHT = 16
 # The n-th ejection in a row lasts base × 2^(n−1), base = window / BASE_FRACTION (at least
 # MIN_BASE_SECONDS), never more than window / MAX_FRACTION; a target ejected again within a
 # window of its re-entry continues the count.
@@ -53,10 +54,11 @@ MIN_BASE_SECONDS = 5.0
 
 def probe_pace(evidence: int) -> tuple[int, int]:
     """(one probe in this many decisions, at most this many in flight) after `evidence`
-    answers: 1 in 10 and one at a time at first; 1 in 2 and seven at a time after 48; eight
-    at a time after 56."""
-    interval = max(MIN_PROBE_INTERVAL, PROBE_INTERVAL >> (evidence // PACE_STEP))
-    return interval, min(MAX_IN_FLIGHT, 1 + evidence // IN_FLIGHT_STEP)
+    answers: 1 in 10 and one at a time at first, 1 in 5 and two after one answer, 1 in 2
+    and four after three (issue #31: one in ten, one at a time, took minutes to collect the
+    evidence re-admission needs at a few requests a second)."""
+    interval = max(MIN_PROBE_INTERVAL, PROBE_INTERVAL >> min(evidence, 8))
+    return interval, min(MAX_IN_FLIGHT, 1 + evidence)
 
 
 class Health(StrEnum):

@@ -28,6 +28,7 @@ SCORE_NAMES: tuple[str, ...] = (
     "reliability_score",
     "complexity_score",
     "eval_quality_score",
+    "budget_pressure",
 )
 FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max}
 

@@ -20,6 +20,7 @@ VERSION_DIGITS = 12
 
 
 def policy_version(group: ModelGroup) -> str:
-    canonical = json.dumps(group.model_dump(mode="json"), sort_keys=True,
+    """A `shadow` block is not part of the live policy (it decides nothing live)."""
+    canonical = json.dumps(group.model_dump(mode="json", exclude={"shadow"}), sort_keys=True,
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:VERSION_DIGITS]

@@ -50,6 +50,9 @@ class RequestSummary:
     bridge_refusal: str | None = None
     # The group's expected output of an uncapped request (output_budget).
     default_output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    # How much of the caller's daily spend budget is used, 0–1 in steps of 0.01 (quotas:
+    # `spend_per_day_usd`; 0 without one): the `budget_pressure` score (scores.py).
+    budget_pressure: float = 0.0
     # The prompt features already found, by name, when there is no prompt to scan: a
     # logged request re-decided by `sidecar replay` (evaluation/). None: scan the sample.
     known_features: frozenset[str] | None = None

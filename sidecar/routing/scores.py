@@ -6,12 +6,15 @@ whose inputs are unknown for a target, is the neutral 0.5 so it cannot decide an
 | cost_score | cheapest estimated request cost / this target's cost (1 for the cheapest; |
 |            | a paid target scores 0 when another is free) |
 | latency_score | lowest p95 latency / this target's (warm targets only); with        |
-|               | `latency_basis: work_normalized`, on equal work: p95 TTFB + 256 × p95 ms |
-|               | per output token, or the plain p95 where usage is not reported      |
+|               | `latency_basis: work_normalized`, on equal work: the p95 of each reply's |
+|               | time for a 256-token reply, or the plain p95 where usage is not reported |
 | throughput_score | this target's observed output tokens/s / the highest (warm targets only) |
 | reliability_score | 1 − min(1, error + timeout + fallback rates + ½ cancel rate) (warm only) |
 | complexity_score | request complexity points / 6, capped at 1 (same for every target) |
 | eval_quality_score | configured evaluation quality (see capabilities.eval_quality) |
+| budget_pressure | share of the caller's daily spend budget used, 0–1 (same for every |
+|                 | target; 0 without a `spend_per_day_usd` quota): multiply it into a term |
+|                 | (`budget_pressure * cost_score`) to lean on price as the budget runs down |
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 def score_candidates(candidates: Sequence[Candidate], signals: Signals,
                      complexity_score: float | None,
-                     latency_basis: str = "observed_p95") -> list[dict[str, float]]:
+                     latency_basis: str = "observed_p95",
+                     budget_pressure: float = 0.0) -> list[dict[str, float]]:
     """Every score of every candidate."""
     costs = [c.cost_usd for c in candidates if c.cost_usd is not None]
     cheapest = min(costs) if costs else None
@@ -94,5 +98,6 @@ def score_candidates(candidates: Sequence[Candidate], signals: Signals,
             "cost_score": cost, "latency_score": latency, "throughput_score": throughput,
             "reliability_score": reliability, "complexity_score": complexity,
             "eval_quality_score": NEUTRAL if quality is None else quality,
+            "budget_pressure": budget_pressure,
         })
     return results

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import astuple, replace
 from typing import Any
 
 from sidecar.billing import Rates
@@ -37,6 +37,7 @@ from sidecar.telemetry.intake import ITEMS_PER_MESSAGE, MAX_MESSAGE
 from sidecar.telemetry.rows import (
     DecisionFacts,
     RequestResult,
+    ShadowRow,
     decision_record,
     price_records,
     result_record,
@@ -89,6 +90,10 @@ class TelemetryHandoff:
         self._add(("f", (transition.request_id, time.time(), transition.group,
                          transition.from_target, transition.to_target, transition.attempt,
                          transition.error_class)))
+
+    def shadow(self, row: ShadowRow) -> None:
+        """A group's shadow rollup (evaluation/shadow.py); a few per group a minute."""
+        self._add(("s", astuple(row)))
 
     def _add(self, item: tuple[str, Any]) -> None:
         """Encoded at once: bytes are no work for the garbage collector, whereas the tuple

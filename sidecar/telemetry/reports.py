@@ -71,6 +71,37 @@ def report(db: Database, kind: str, filters: Filters, by: str = "target") -> lis
     return [entry(by, key, total) for key, total in sorted(totals.items())]
 
 
+def shadow_report(db: Database, filters: Filters) -> list[dict[str, Any]]:
+    """Shadow policies against the live ones over the period (`shadow_rollups`), per group
+    and pair of policy versions: decisions, agreement rate, mean estimated differences of
+    the shadow's primary from the live one (docs/policy-evaluation.md §3)."""
+    where, params = _where(db, "at", filters.since, filters.until, filters, callers=False)
+    sums: dict[tuple[str, str, str], list[float]] = {}
+    try:
+        with db.transaction() as cursor:
+            cursor.execute(f"SELECT group_name, policy_version, shadow_version, decisions, "
+                           f"agreements, cost_delta_usd, latency_delta_ms, "
+                           f"error_rate_delta, dropped FROM shadow_rollups WHERE {where}",
+                           params)
+            found = cursor.fetchall()
+    except Exception:  # a database no sidecar of this version migrated yet: no table
+        return []
+    for group, live, shadow, *figures in found:
+        total = sums.setdefault((group, live, shadow), [0.0] * 6)
+        for index, value in enumerate(figures):
+            total[index] += value or 0
+    rows = []
+    for (group, live, shadow), (n, agree, cost, latency, errors, dropped) in sorted(
+            sums.items()):
+        rows.append({"group": group, "policy_version": live, "shadow_version": shadow,
+                     "decisions": int(n), "agreement_rate": agree / n if n else None,
+                     "mean_cost_delta_usd": cost / n if n else None,
+                     "mean_latency_delta_ms": latency / n if n else None,
+                     "mean_error_rate_delta": errors / n if n else None,
+                     "dropped": int(dropped)})
+    return rows
+
+
 def _key(row: dict[str, Any], by: str, at: float | None = None) -> str:
     if by == "day":
         return row["day"] if "day" in row else day_of(at or 0.0)

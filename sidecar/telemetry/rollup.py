@@ -153,6 +153,9 @@ def _delete_raw(cursor: Any, db: Database, day: str) -> int:
     deleted = max(0, cursor.rowcount)
     cursor.execute(sql("DELETE FROM fallback_transitions WHERE at >= {p} AND at < {p}", db),
                    (start, end))
+    deleted += max(0, cursor.rowcount)
+    cursor.execute(sql("DELETE FROM shadow_rollups WHERE at >= {p} AND at < {p}", db),
+                   (start, end))
     return deleted + max(0, cursor.rowcount)
 
 

@@ -147,6 +147,23 @@ class RequestRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowRow:
+    """A group's shadow policy against its live one over a few seconds of one replica
+    (evaluation/shadow.py): sums, so periods add up; divide by `decisions`."""
+
+    at: float
+    group: str
+    policy_version: str
+    shadow_version: str
+    decisions: int
+    agreements: int
+    cost_delta_usd: float          # shadow's primary minus live's, estimated per request
+    latency_delta_ms: float        # p95 latency of each primary, observed
+    error_rate_delta: float        # error rate of each primary, observed
+    dropped: int                   # decisions not shadowed (the queue was full)
+
+
+@dataclass(frozen=True, slots=True)
 class FallbackRow:
     request_id: str
     at: float

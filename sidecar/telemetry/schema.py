@@ -11,7 +11,7 @@ import json
 from dataclasses import fields
 from operator import attrgetter
 
-from sidecar.telemetry.rows import FallbackRow, RequestRow
+from sidecar.telemetry.rows import FallbackRow, RequestRow, ShadowRow
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -82,6 +82,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE request_rows ADD COLUMN estimated_input_tokens BIGINT",
         "ALTER TABLE request_rows ADD COLUMN output_budget BIGINT",
     )),
+    (8, (  # shadow policies against the live ones, rolled up every few seconds (#31)
+        """CREATE TABLE shadow_rollups (
+            at DOUBLE PRECISION NOT NULL, replica TEXT NOT NULL, group_name TEXT NOT NULL,
+            policy_version TEXT NOT NULL, shadow_version TEXT NOT NULL,
+            decisions BIGINT NOT NULL, agreements BIGINT NOT NULL,
+            cost_delta_usd DOUBLE PRECISION NOT NULL,
+            latency_delta_ms DOUBLE PRECISION NOT NULL,
+            error_rate_delta DOUBLE PRECISION NOT NULL, dropped BIGINT NOT NULL)""",
+        "CREATE INDEX shadow_rollups_at ON shadow_rollups (at)",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
@@ -92,11 +102,13 @@ LATEST = MIGRATIONS[-1][0]
 _RENAMED = {"group": "group_name", "join": "join_kind"}
 REQUEST_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(RequestRow)))
 FALLBACK_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(FallbackRow)))
+SHADOW_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(ShadowRow)))
 
 
 # Reading the fields in column order: `dataclasses.astuple` deep-copies (33 µs a row).
 _REQUEST_FIELDS = attrgetter(*(f.name for f in fields(RequestRow)))
 _FALLBACK_FIELDS = attrgetter(*(f.name for f in fields(FallbackRow)))
+_SHADOW_FIELDS = attrgetter(*(f.name for f in fields(ShadowRow)))
 _SHAPE = REQUEST_COLUMNS.index("request_shape")
 _SCORES = REQUEST_COLUMNS.index("selected_scores")
 _ODDS = REQUEST_COLUMNS.index("candidate_odds")
@@ -127,6 +139,10 @@ def json_text(mapping: object) -> str:
 
 def fallback_values(replica: str, row: FallbackRow) -> tuple[object, ...]:
     return (replica, *_FALLBACK_FIELDS(row))
+
+
+def shadow_values(replica: str, row: ShadowRow) -> tuple[object, ...]:
+    return (replica, *_SHADOW_FIELDS(row))
 
 
 def insert_sql(table: str, columns: tuple[str, ...]) -> str:

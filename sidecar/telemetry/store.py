@@ -14,22 +14,26 @@ from operator import itemgetter
 from sidecar.telemetry import encode
 from sidecar.telemetry.database import Database, sql
 from sidecar.telemetry.rollup import Maintenance, maintain
-from sidecar.telemetry.rows import FallbackRow, RequestRow
+from sidecar.telemetry.rows import FallbackRow, RequestRow, ShadowRow
 from sidecar.telemetry.schema import (
     FALLBACK_COLUMNS,
     MIGRATION_LOCK,
     MIGRATIONS,
     REQUEST_COLUMNS,
+    SHADOW_COLUMNS,
     fallback_values,
     insert_sql,
     request_values,
+    shadow_values,
 )
+from sidecar.telemetry.writer import FALLBACK, REQUEST, SHADOW
 
 Values = tuple[object, ...]
 # A RequestRow's values (REQUEST_COLUMNS order) in the order the INSERT names the columns.
 _IN_INSERT_ORDER = itemgetter(*(REQUEST_COLUMNS.index(c) for c in encode.COLUMNS))
 _INSERT_REQUESTS = insert_sql("request_rows", encode.COLUMNS)
 _INSERT_FALLBACKS = insert_sql("fallback_transitions", FALLBACK_COLUMNS)
+_INSERT_SHADOWS = insert_sql("shadow_rollups", SHADOW_COLUMNS)
 
 
 class TelemetryStore:
@@ -57,18 +61,24 @@ class TelemetryStore:
         """The database, as log lines name it (no credentials)."""
         return self.db.where
 
-    def values(self, row: RequestRow | FallbackRow) -> tuple[bool, Values]:
-        """A row object as `write_values` takes it: (is a request row, its values)."""
+    def values(self, row: RequestRow | FallbackRow | ShadowRow) -> tuple[int, Values]:
+        """A row object as `write_values` takes it: (its table, its values)."""
         if isinstance(row, FallbackRow):
-            return False, fallback_values(self._replica, row)
-        return True, _IN_INSERT_ORDER(request_values(self._replica, row))
+            return FALLBACK, fallback_values(self._replica, row)
+        if isinstance(row, ShadowRow):
+            return SHADOW, shadow_values(self._replica, row)
+        return REQUEST, _IN_INSERT_ORDER(request_values(self._replica, row))
 
-    def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow]) -> None:
+    def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow],
+              shadows: Sequence[ShadowRow] = ()) -> None:
         self.write_values([self.values(r)[1] for r in requests],
-                          [self.values(r)[1] for r in fallbacks])
+                          [self.values(r)[1] for r in fallbacks],
+                          [self.values(r)[1] for r in shadows])
 
-    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values]) -> None:
-        """One transaction: request rows in `encode.COLUMNS` order, fallback rows."""
+    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
+                     shadows: Sequence[Values] = ()) -> None:
+        """One transaction: request rows in `encode.COLUMNS` order, fallback rows, shadow
+        rollups."""
         if not self._open:
             self.open()
         with self.db.transaction() as cursor:
@@ -76,6 +86,8 @@ class TelemetryStore:
                 cursor.executemany(sql(_INSERT_REQUESTS, self.db), requests)
             if fallbacks:
                 cursor.executemany(sql(_INSERT_FALLBACKS, self.db), fallbacks)
+            if shadows:
+                cursor.executemany(sql(_INSERT_SHADOWS, self.db), shadows)
 
     def maintain(self, now: float) -> Maintenance:
         """Daily rollups and raw-row retention (rollup.py)."""

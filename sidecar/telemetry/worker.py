@@ -49,11 +49,19 @@ from sidecar.telemetry.rows import (
     JoinedRequest,
     Price,
     RequestResult,
+    ShadowRow,
     request_row,
 )
-from sidecar.telemetry.schema import fallback_values
+from sidecar.telemetry.schema import fallback_values, shadow_values
 from sidecar.telemetry.store import TelemetryStore
-from sidecar.telemetry.writer import Pacing, Prepared, TelemetryWriter
+from sidecar.telemetry.writer import (
+    FALLBACK,
+    REQUEST,
+    SHADOW,
+    Pacing,
+    Prepared,
+    TelemetryWriter,
+)
 
 
 @dataclass(frozen=True)
@@ -95,19 +103,21 @@ class Worker:
         # In the background, input waits while the CPUs are contended (deferral.py).
         self.deferral = Deferral() if background else None
 
-    def _prepare(self, item: JoinedRequest | FallbackRow) -> Prepared:
+    def _prepare(self, item: JoinedRequest | FallbackRow | ShadowRow) -> Prepared:
         """On the writer thread: the row's values, counted (and traced) as they are made."""
+        if isinstance(item, ShadowRow):
+            return SHADOW, shadow_values(self.encoder.replica, item)
         with self._counting:  # counted on the writer thread, reported on the reading one
             if isinstance(item, FallbackRow):
                 count_row(self.counts, item)
-                return False, fallback_values(self.encoder.replica, item)
+                return FALLBACK, fallback_values(self.encoder.replica, item)
             values = self.encoder.request(item, self.counts)
         if self.spans is not None:
             self.spans.record(request_row(item.record, item.result, self.encoder.prices,
                                           item.join, item.at))
-        return True, values
+        return REQUEST, values
 
-    def _emit(self, item: JoinedRequest | FallbackRow) -> None:
+    def _emit(self, item: JoinedRequest | FallbackRow | ShadowRow) -> None:
         if not self.writer.offer(item):  # full: the row is lost, its counters are not
             self._prepare(item)
 
@@ -122,6 +132,8 @@ class Worker:
                 joiner.finished(RequestResult(*record))
             elif kind == "f":
                 self._emit(FallbackRow(*record))
+            elif kind == "s":
+                self._emit(ShadowRow(*record))
             elif kind == "p":
                 self.encoder.reprice(prices_of(record))
 

@@ -34,8 +34,9 @@ from typing import Any, Protocol
 from sidecar.grpcwire.ratelimit import LogLimiter
 
 Values = tuple[object, ...]
-# What `prepare` makes of an item: (a request row or else a fallback row, its values).
-Prepared = tuple[bool, Values]
+# What `prepare` makes of an item: (its table, its values).
+REQUEST, FALLBACK, SHADOW = 0, 1, 2
+Prepared = tuple[int, Values]
 
 log = logging.getLogger("sidecar.telemetry")
 _limited = LogLimiter(log, burst=1, interval=60.0)
@@ -50,7 +51,8 @@ class Store(Protocol):
     def values(self, row: Any) -> Prepared:
         ...
 
-    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values]) -> None:
+    def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
+                     shadows: Sequence[Values] = ()) -> None:
         ...
 
     def close(self) -> None:
@@ -182,23 +184,23 @@ class TelemetryWriter:
         self.maintenance_runs["ok"] += 1
         log.info("telemetry maintenance: %s", done)  # Maintenance words itself (rollup.py)
 
-    def _rows(self, chunk: list[Any]) -> tuple[list[Values], list[Values]]:
-        requests: list[Values] = []
-        fallbacks: list[Values] = []
+    def _rows(self, chunk: list[Any]) -> tuple[list[Values], list[Values], list[Values]]:
+        tables: tuple[list[Values], list[Values], list[Values]] = ([], [], [])
         prepare = self._prepare
         for item in chunk:
             try:
-                is_request, values = prepare(item)
+                table, values = prepare(item)
             except Exception:  # a bug, not the database: skip the row, keep the thread
                 _limited.exception("telemetry_row", "telemetry row could not be made")
                 continue
-            (requests if is_request else fallbacks).append(values)
-        return requests, fallbacks
+            tables[table].append(values)
+        return tables
 
-    def _write(self, requests: list[Values], fallbacks: list[Values]) -> None:
-        rows = len(requests) + len(fallbacks)
+    def _write(self, requests: list[Values], fallbacks: list[Values],
+               shadows: list[Values]) -> None:
+        rows = len(requests) + len(fallbacks) + len(shadows)
         try:
-            self._store.write_values(requests, fallbacks)
+            self._store.write_values(requests, fallbacks, shadows)
         except Exception:
             self.dropped["write_error"] += rows
             _limited.exception("telemetry_write", "telemetry batch of %d rows dropped (%s "

@@ -143,9 +143,22 @@ def test_the_page_is_read_as_key_tables() -> None:
     assert "telemetry.traces.sample_ratio" in found and "callers.token_env" not in found
 
 
+# A model used at a second place is documented once, at its first (the shadow's routing
+# policy is the group's `routing_policy` model).
+SAME_MODEL_AS = {"models.<*>.shadow.routing_policy": "models.<*>.routing_policy"}
+
+
+def _documented_at(key: str) -> str:
+    for alias, original in SAME_MODEL_AS.items():
+        if key.startswith(alias + "."):
+            return original + key[len(alias):]
+    return key
+
+
 def test_every_model_field_is_documented() -> None:
     documented = with_containers(set(documented_keys(DOC)))
-    missing = sorted(model_keys(SidecarConfig) - documented)
+    missing = sorted(key for key in model_keys(SidecarConfig)
+                     if _documented_at(key) not in documented)
     assert missing == [], "fields of sidecar/config/ missing from docs/configuration.md"
 
 

@@ -86,12 +86,14 @@ def test_routed_request_sets_the_attempt_order_with_raw_values_and_clears_route_
     assert order == {"priority_groups": [
         {"name": "attempt1", "clusters": [{"cluster_name": "target__g__0__local", "weight": 1}]},
         {"name": "attempt2", "clusters": [{"cluster_name": "target__g__1__other", "weight": 1}]},
+        # Two targets, three attempts: round them again (fallback_policy.attempt_order).
+        {"name": "attempt3", "clusters": [{"cluster_name": "target__g__0__local", "weight": 1}]},
     ]}
     sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
     assert sets[":path"].raw_value == b"/v1/chat/completions"
     assert sets[":path"].value == ""  # `value` is ignored by Envoy for mutations
     assert "authorization" not in sets  # Envoy injects the provider's key itself
-    assert sets["x-envoy-max-retries"].raw_value == b"1"
+    assert sets["x-envoy-max-retries"].raw_value == b"2"
     assert sets["x-envoy-upstream-rq-per-try-timeout-ms"].raw_value == b"20000"
     assert sets["x-envoy-upstream-rq-timeout-ms"].raw_value == b"90000"
     assert all(h.append_action == HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

@@ -101,7 +101,8 @@ def test_when_every_reply_breaks_the_caller_gets_a_json_502(fresh: Stack) -> Non
     assert caught.value.status_code == 502
     body = caught.value.response.json()
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
-    assert [len(fresh.received(name)) for name in ("c1", "c2")] == [1, 1]
+    # Two targets, three attempts: c1, c2, c1 (fallback_policy.attempt_order).
+    assert [len(fresh.received(name)) for name in ("c1", "c2")] == [2, 1]
 
 
 def test_a_chunked_reply_that_breaks_past_the_gates_hold_ends_at_once(fresh: Stack) -> None:

@@ -95,7 +95,8 @@ def test_an_openai_caller_of_anthropic_targets_gets_openai_errors(
     response = post_chat(fresh, "bridged-claude")
     assert response.status_code == status
     error = openai_shaped(response)
-    assert error["type"] == kind and "attempts: 2" in error["message"]
+    # Two targets, three attempts (c1, c2, c1).
+    assert error["type"] == kind and "attempts: 3" in error["message"]
     with pytest.raises(openai.APIStatusError) as raised:
         fresh.openai.chat.completions.create(model="bridged-claude", messages=prompt())
     assert raised.value.status_code == status

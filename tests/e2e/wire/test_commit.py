@@ -80,7 +80,7 @@ def test_when_every_target_errors_in_band_the_caller_gets_the_gateways_error(
         list(stream.text_stream)
     assert raised.value.status_code == 502
     assert raised.value.body["type"] == "error"
-    assert "attempts: 2" in raised.value.body["error"]["message"]
+    assert "attempts: 3" in raised.value.body["error"]["message"]  # c1, c2, c1
 
 
 def test_a_group_that_commits_at_the_headers_passes_an_in_band_error_as_sent(

@@ -164,3 +164,9 @@ def test_retry_same_target_repeats_each_target_within_max_attempts() -> None:
     assert Fallback(retry_same_target=1, max_attempts=5).attempt_order("abc") == [
         "a", "a", "b", "b", "c"]
     assert Fallback(retry_same_target=2, max_attempts=1).attempt_order("ab") == ["a"]
+    # Fewer targets than attempts: round them again (issue #31).
+    assert Fallback().attempt_order("ab") == ["a", "b", "a"]
+    assert Fallback().attempt_order("a") == ["a"]  # one target: retry_same_target decides
+    assert Fallback(retry_same_target=1).attempt_order("a") == ["a", "a"]
+    assert Fallback(max_attempts=1).attempt_order("a") == ["a"]
+    assert Fallback().attempt_order("") == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from sidecar.routing.decision import Decision
-from sidecar.routing.ejection import PROBE_INTERVAL, PROBE_SUCCESSES, Health
+from sidecar.routing.ejection import PROBE_INTERVAL, PROBE_SUCCESSES, Health, probe_pace
 from sidecar.routing.observations import TargetObservations
 from sidecar.routing.router import Router
 from sidecar.routing.thresholds import clean_answers_needed
@@ -99,7 +99,7 @@ def test_a_drained_target_stays_out_after_its_evidence_ages_out() -> None:
     clock.now += 1
     later = decide(router, view)
     assert (SICK, "thresholds.ejected") in later.trace.exclusions
-    assert [c.label for c in later.ordered] == ["p/good"]
+    assert [c.label for c in later.ordered] == ["p/good", SICK]  # only as the last resort
 
 
 def test_one_probe_at_a_time_in_one_decision_in_probe_interval_never_pinned() -> None:
@@ -120,10 +120,11 @@ def test_one_probe_at_a_time_in_one_decision_in_probe_interval_never_pinned() ->
     view.arrive(SICK, 1, error_rate=1.0)  # the late answer
     clock.now += ejections.max_seconds + 0.5
     assert [decide(router, view).trace.probe for _ in range(PROBE_INTERVAL)].count(SICK) == 1
-    # A good answer arrives: the next probe goes at the next probe slot, and waits again.
+    # A good answer arrives: probes go at the faster pace it earned, as many as may be in
+    # flight, and wait again.
     view.arrive(SICK, 1)
     later = [decide(router, view) for _ in range(3 * PROBE_INTERVAL)]
-    assert [d.trace.probe for d in later].count(SICK) == 1
+    assert [d.trace.probe for d in later].count(SICK) == probe_pace(1)[1] == 2
 
 
 def test_a_probe_never_carries_a_pinned_conversations_turn() -> None:
@@ -299,4 +300,6 @@ def test_probes_speed_up_as_good_answers_accumulate() -> None:
     assert first.count(SICK) == 1  # its one probe is still unanswered
     view.arrive(SICK, 48)
     later = [decide(router, view).trace.probe for _ in range(40)]
-    assert later.count(SICK) == 7  # one in two decisions, up to 1 + 48 // 8 in flight
+    interval, in_flight = probe_pace(48)
+    assert (interval, in_flight) == (2, 16)  # one in two decisions, up to 16 in flight
+    assert later.count(SICK) == min(40 // interval, in_flight)

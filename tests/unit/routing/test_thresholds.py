@@ -20,12 +20,19 @@ CFG = config("""
 
 
 def served(obs) -> list[str]:
-    return [c.target.model_ref for c in decide(CFG, request(), obs).ordered]
+    """The candidates health kept, in attempt order (the targets it kept out follow them
+    as last-resort fallbacks: test_health_excluded_targets_are_the_last_fallbacks)."""
+    return candidates(decide(CFG, request(), obs))
+
+
+def candidates(decision) -> list[str]:
+    out = excluded(decision)
+    return [c.target.model_ref for c in decision.ordered if c.label not in out]
 
 
 def test_max_error_rate() -> None:
     decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.10), p__b=warm()))
-    assert [c.target.model_ref for c in decision.ordered] == ["b"]
+    assert candidates(decision) == ["b"]
     assert excluded(decision) == {"p/a": "thresholds.max_error_rate"}
 
 
@@ -87,7 +94,7 @@ def test_cold_targets_are_never_judged() -> None:
 def test_all_failing_keeps_the_least_bad_and_marks_the_decision() -> None:
     obs = snapshot(p__a=warm(error_rate=0.30), p__b=warm(error_rate=0.06))
     decision = decide(CFG, request(), obs)
-    assert [c.target.model_ref for c in decision.ordered] == ["b"]
+    assert candidates(decision) == ["b"]
     assert decision.trace.thresholds_relaxed is True
     assert excluded(decision) == {"p/a": "thresholds.max_error_rate"}
 
@@ -101,3 +108,11 @@ def test_least_bad_compares_ratio_to_the_limit_across_thresholds() -> None:
 def test_least_bad_tie_goes_to_the_heavier_target() -> None:
     obs = snapshot(p__a=warm(error_rate=0.06), p__b=warm(error_rate=0.06))
     assert served(obs) == ["a"]
+
+
+def test_health_excluded_targets_are_the_last_fallbacks() -> None:
+    """Issue #31: a target kept out by health is never a primary, but is tried after every
+    healthy candidate failed, rather than fail the request."""
+    decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.10), p__b=warm()))
+    assert [c.target.model_ref for c in decision.ordered] == ["b", "a"]
+    assert decision.primary.target.model_ref == "b"

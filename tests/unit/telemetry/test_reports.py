@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.commands.report import report_document
 from sidecar.observe.histogram import RELATIVE_ERROR
 from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.reports import Filters, parse_since, percentile, report
-from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
+from sidecar.telemetry.rows import FallbackRow, RequestResult, ShadowRow, request_row
 from sidecar.telemetry.store import TelemetryStore
 
 DAY1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -120,11 +121,34 @@ def test_the_report_command_prints_table_json_and_csv(tmp_path: Path) -> None:
 
 
 def test_docs_operations_names_every_column_of_every_table() -> None:
-    from sidecar.telemetry.schema import FALLBACK_COLUMNS, REQUEST_COLUMNS
+    from sidecar.telemetry.schema import FALLBACK_COLUMNS, REQUEST_COLUMNS, SHADOW_COLUMNS
 
     text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
-    missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS} if f"`{c}`" not in text]
+    missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS, *SHADOW_COLUMNS}
+               if f"`{c}`" not in text]
     assert missing == []
+
+
+def test_the_decisions_report_sums_shadow_rollups_per_group_and_policies(database) -> None:
+    """Issue #31: a shadow policy's agreement and mean differences over the period."""
+    store = TelemetryStore(database, replica="r1")
+    store.write([], [], [
+        ShadowRow(DAY1 + 10, "g", "live1", "shadow1", 100, 60, -0.02, 150.0, 0.01, 0),
+        ShadowRow(DAY1 + 20, "g", "live1", "shadow1", 100, 40, -0.04, 250.0, 0.03, 5),
+        ShadowRow(DAY1 + 30, "other", "live2", "shadow2", 10, 10, 0.0, 0.0, 0.0, 0),
+        ShadowRow(DAY1 - 30, "g", "live1", "shadow1", 999, 0, 9.0, 9.0, 9.0, 9),  # before
+    ])
+    document = report_document(database, "decisions", ALL, "group")
+    g, other = document["shadow"]
+    assert g == {"group": "g", "policy_version": "live1", "shadow_version": "shadow1",
+                 "decisions": 200, "agreement_rate": 0.5,
+                 "mean_cost_delta_usd": pytest.approx(-0.0003),
+                 "mean_latency_delta_ms": pytest.approx(2.0),
+                 "mean_error_rate_delta": pytest.approx(0.0002), "dropped": 5}
+    assert other["agreement_rate"] == 1.0
+    only = report_document(database, "decisions", replace(ALL, group="other"), "group")
+    assert [r["group"] for r in only["shadow"]] == ["other"]
+    assert report_document(database, "usage", ALL, "group").get("shadow") is None
 
 
 # --- daily rollups and retention -----------------------------------------------------------

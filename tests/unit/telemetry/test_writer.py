@@ -15,7 +15,7 @@ from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.rows import FallbackRow, RequestResult, RequestRow, request_row
 from sidecar.telemetry.schema import LATEST
 from sidecar.telemetry.store import TelemetryStore, migrate
-from sidecar.telemetry.writer import Pacing, TelemetryWriter
+from sidecar.telemetry.writer import FALLBACK, REQUEST, Pacing, TelemetryWriter
 
 
 def row(n: int) -> RequestRow:
@@ -104,10 +104,11 @@ class StalledStore:
     def open(self) -> None:
         pass
 
-    def values(self, row: RequestRow | FallbackRow) -> tuple[bool, tuple[object, ...]]:
-        return isinstance(row, RequestRow), (row.request_id,)
+    def values(self, row: RequestRow | FallbackRow) -> tuple[int, tuple[object, ...]]:
+        return (REQUEST if isinstance(row, RequestRow) else FALLBACK), (row.request_id,)
 
-    def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple]) -> None:
+    def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple],
+                     shadows: Sequence[tuple] = ()) -> None:
         self.release.wait(30)
         if self.fail_next:
             self.fail_next = False
@@ -164,14 +165,15 @@ def test_rows_are_made_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
     written: list[int] = []
 
     class Counting(StalledStore):
-        def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple]) -> None:
+        def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple],
+                         shadows: Sequence[tuple] = ()) -> None:
             written.append(len(requests))
 
-    def prepare(n: int) -> tuple[bool, tuple[object, ...]]:
+    def prepare(n: int) -> tuple[int, tuple[object, ...]]:
         if n == 3:
             raise ValueError("a bug in row building")
         seen.append((threading.current_thread().name, f"r{n}"))
-        return True, (f"r{n}",)
+        return REQUEST, (f"r{n}",)
 
     writer = TelemetryWriter(Counting(), flush_interval_s=0.01, prepare=prepare).start()
     for n in range(50):
