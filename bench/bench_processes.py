@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from sidecar.config import load_config_text
 from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import free_port
 from sidecar.envoy_config.addresses import EnvoyAddresses
+from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.grpcwire.auth import ensure_channel_token
 
@@ -215,11 +217,14 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
                   token: str, processes: int = 1, extra_config: str = "",
                   config_text: str | None = None, apart: frozenset[str] = frozenset(),
-                  render_tree: Path | None = None) -> tuple[Processes, int]:
+                  render_tree: Path | None = None,
+                  edit: Callable[[dict], None] | None = None) -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
     spreads the ext_proc streams over them). `extra_config`: top-level YAML appended;
     `config_text`: a whole configuration instead of the SPEC's group; `render_tree`: the
-    source tree whose `render-envoy` makes Envoy's bootstrap (default: this one)."""
+    source tree whose `render-envoy` makes Envoy's bootstrap (default: this one); `edit`:
+    changes the rendered bootstrap (as data) before Envoy starts. Provider keys come from
+    this process's environment, which Envoy inherits (SDS files in `workdir` name them)."""
     config = workdir / f"sidecar-{strategy}.yaml"
     config.write_text((config_text or sidecar_config(strategy, fast_port, drip_url, token))
                       + extra_config)
@@ -236,11 +241,13 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
              "--grpc-token-file", str(token_file), "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(admin_http, "/healthz")
+    secrets = workdir / f"secrets-{listen}"
     addresses = EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
-                               ext_proc=f"127.0.0.1:{grpc_ports[0]}")
+                               ext_proc=f"127.0.0.1:{grpc_ports[0]}", secrets_dir=str(secrets))
     if render_tree is None:
-        document = yaml.safe_load(render_envoy_yaml(load_config_text(config.read_text()),
-                                                    addresses, token))
+        loaded = load_config_text(config.read_text())
+        write_sds_files(loaded, secrets)
+        document = yaml.safe_load(render_envoy_yaml(loaded, addresses, token))
     else:
         document = yaml.safe_load(subprocess.run(
             [sys.executable, "-m", "sidecar", "render-envoy", "--config", str(config),
@@ -254,6 +261,8 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
             cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
                 {**endpoint, "endpoint": {"address": {"socket_address": {
                     "address": "127.0.0.1", "port_value": port}}}} for port in grpc_ports]
+    if edit is not None:
+        edit(document)
     envoy_file = workdir / f"envoy-{strategy}.yaml"
     envoy_file.write_text(yaml.safe_dump(document))
     running.named = {"envoy": start_envoy(envoy_file, "error"), **running.named}

@@ -15,7 +15,8 @@ from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import Dialect
 from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.shape import request_shape
-from sidecar.gateway.handler import affinity_key, scan_limit
+from sidecar.gateway.handler import affinity_key
+from sidecar.gateway.scan import scan_limit
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
 from sidecar.routing.router import Router

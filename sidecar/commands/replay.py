@@ -51,13 +51,17 @@ def run_replay(candidate: SidecarConfig, settings: Telemetry, since: str, until:
     moment = time.time() if now is None else now
     start = parse_since(since, moment)
     end = parse_since(until, moment) if until else moment + 1
+    # One retention window before the period feeds the observations, every group's (the
+    # live store is shared by target), so the period's first decisions are not made cold.
+    warm_up = candidate.observation_retention_seconds
     db = open_database(settings, read_only=True)
     db.open()
     try:
-        decisions, attempts = read_log(db, start, end, group)
+        decisions, attempts = read_log(db, start - warm_up, end)
     finally:
         db.close()
-    reports = replay(candidate, decisions, attempts, confidence, progress)
+    reports = replay(candidate, decisions, attempts, confidence, progress, since=start,
+                     group=group)
     document = {"since": start, "until": end, "confidence": confidence,
                 "groups": [r.to_dict() for r in reports]}
     if output == "json":
@@ -82,7 +86,12 @@ def as_table(reports: Sequence[GroupReplay], confidence: float) -> str:
                             if r.churn is not None else ""))
             if r.unlogged_mass > 0.001:
                 lines.append(f"candidate probability on targets never logged: "
-                             f"{r.unlogged_mass:.1%} (not estimable; not extrapolated)")
+                             f"{r.unlogged_mass:.1%} (no doubly robust estimate; IPS and "
+                             "SNIPS leave it out)")
+            if r.unsupported_mass > 0.001:
+                lines.append(f"candidate probability the logging policy gave 0 for those "
+                             f"requests: {r.unsupported_mass:.1%} (IPS and SNIPS cannot see "
+                             "it; DR models it from other requests)")
             rows = [["figure", "n", "logged", "candidate (DR)", f"{confidence:.0%} interval",
                      "difference", "IPS", "SNIPS", "effective n"]]
             for name in FIGURES:

@@ -63,6 +63,9 @@ class Estimate:
     effective_n: float     # (Σw)² / Σw²: how many rows the weights are worth
 
 
+_UNKNOWN = Interval(math.nan, -math.inf, math.inf)
+
+
 def _interval(terms: Sequence[float], z: float) -> Interval:
     n = len(terms)
     mean = sum(terms) / n
@@ -92,17 +95,24 @@ def estimate(samples: Sequence[Sample], confidence: float = 0.95) -> Estimate | 
         snips = Interval(snips_value, snips.low, snips.high)
     else:  # the candidate never picks what was logged: nothing to normalise by
         snips = Interval(math.nan, -math.inf, math.inf)
-    predict = _cross_fitted_model(samples)
-    dr_terms = []
-    for index, (s, w) in enumerate(zip(samples, weights, strict=True)):
-        model = predict(index)
-        direct = sum(p * model(a, s.cell) for a, p in s.candidate.items())
-        dr_terms.append(direct + w * (s.outcome - model(s.action, s.cell)))
     squares = sum(w * w for w in weights)
+    logged = {s.action for s in samples}
+    if any(p > 0 and a not in logged for s in samples for a, p in s.candidate.items()):
+        # The candidate chooses targets no row shows an outcome of: a model of them would
+        # be made up (the overall mean), so there is no doubly robust estimate.
+        dr = delta = _UNKNOWN
+    else:
+        predict = _cross_fitted_model(samples)
+        dr_terms = []
+        for index, (s, w) in enumerate(zip(samples, weights, strict=True)):
+            model = predict(index)
+            direct = sum(p * model(a, s.cell) for a, p in s.candidate.items())
+            dr_terms.append(direct + w * (s.outcome - model(s.action, s.cell)))
+        dr = _interval(dr_terms, z)
+        delta = _interval([d - r for d, r in zip(dr_terms, outcomes, strict=True)], z)
     return Estimate(
         n=n, logged=_interval(outcomes, z), ips=_interval(ips_terms, z), snips=snips,
-        dr=_interval(dr_terms, z),
-        delta=_interval([d - r for d, r in zip(dr_terms, outcomes, strict=True)], z),
+        dr=dr, delta=delta,
         effective_n=(total_weight * total_weight / squares) if squares > 0 else 0.0)
 
 

@@ -7,6 +7,7 @@ them as not evaluable and says why."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from sidecar.telemetry.database import Database, sql
 
 _BATCH = 1000
 _REQUEST_COLUMNS = (
-    "request_id", "started_at", "group_name", "caller", "strategy", "request_shape",
+    "request_id", "started_at", "group_name", "caller", "strategy", "signals", "request_shape",
     "complexity", "prompt_features", "reasoning_effort", "reasoning_budget_tokens",
     "affinity", "probe", "selected_target", "serving_target", "status", "status_class",
     "error_class", "latency_ms", "ttfb_ms", "output_tokens", "cost_usd", "policy_version",
@@ -33,6 +34,7 @@ class LoggedDecision:
     shape: dict[str, Any]               # request_shape buckets
     complexity: str | None
     features: frozenset[str]
+    scanned: bool                       # the logging policy looked for prompt features
     reasoning_effort: str | None
     reasoning_budget: int | None
     affinity: str
@@ -73,11 +75,23 @@ class FailedAttempt:
     failure: str
 
 
+# Rows one replay holds at most (each a few hundred bytes in memory): past it, a narrower
+# period or one group is asked for instead of an out-of-memory end.
+MAX_ROWS = 5_000_000
+
+
 def read_log(db: Database, since: float, until: float, group: str | None = None,
-             ) -> tuple[list[LoggedDecision], list[FailedAttempt]]:
-    """The window's decisions (by decision time) and failed attempts (by time)."""
+             max_rows: int = MAX_ROWS) -> tuple[list[LoggedDecision], list[FailedAttempt]]:
+    """The window's decisions (by decision time) and failed attempts (by time). Raises
+    ValueError past `max_rows` decisions."""
     with db.transaction() as cursor:
-        decisions = sorted(_decisions(cursor, db, since, until, group), key=lambda d: d.at)
+        decisions = []
+        for decision in _decisions(cursor, db, since, until, group):
+            decisions.append(decision)
+            if len(decisions) > max_rows:
+                raise ValueError(f"more than {max_rows:,} logged requests in that period: "
+                                 "replay a shorter one (--since/--until) or one --group")
+        decisions.sort(key=lambda d: d.at)
         attempts = sorted(_attempts(cursor, db, since, until, group), key=lambda a: a.at)
     return decisions, attempts
 
@@ -103,20 +117,55 @@ def _decisions(cursor: Any, db: Database, since: float, until: float,
 
 
 def decision_of(row: dict[str, Any]) -> LoggedDecision:
+    """A row as replay reads it. Rows come from a database others may write: every value is
+    checked, and what is not what this version writes becomes absent (replay then counts
+    the row as not evaluable, never fails on it)."""
     return LoggedDecision(
-        request_id=row["request_id"], at=float(row["started_at"]), group=row["group_name"],
-        caller=row["caller"], strategy=row["strategy"] or "",
-        shape=_json(row["request_shape"]) or {}, complexity=row["complexity"],
-        features=frozenset(f for f in (row["prompt_features"] or "").split(",") if f),
-        reasoning_effort=row["reasoning_effort"],
-        reasoning_budget=row["reasoning_budget_tokens"], affinity=row["affinity"],
-        probe=row["probe"], selected=row["selected_target"], serving=row["serving_target"],
-        status=row["status"], status_class=row["status_class"],
-        error_class=row["error_class"], latency_ms=row["latency_ms"], ttfb_ms=row["ttfb_ms"],
-        output_tokens=row["output_tokens"], cost_usd=row["cost_usd"],
-        policy_version=row["policy_version"], probability=row["selection_probability"],
-        reason=row["selection_reason"], odds=_json(row["candidate_odds"]),
-        input_tokens=row["estimated_input_tokens"], output_budget=row["output_budget"])
+        request_id=str(row["request_id"]), at=_number(row["started_at"]) or 0.0,
+        group=str(row["group_name"] or ""), caller=str(row["caller"] or ""),
+        strategy=_text(row["strategy"]) or "",
+        shape=_mapping(row["request_shape"]), complexity=_text(row["complexity"]),
+        features=frozenset(f for f in (_text(row["prompt_features"]) or "").split(",") if f),
+        scanned="prompt_features" in (_text(row["signals"]) or "").split(","),
+        reasoning_effort=_text(row["reasoning_effort"]),
+        reasoning_budget=_whole(row["reasoning_budget_tokens"]),
+        affinity=_text(row["affinity"]) or "", probe=_text(row["probe"]),
+        selected=_text(row["selected_target"]), serving=_text(row["serving_target"]),
+        status=_whole(row["status"]), status_class=_text(row["status_class"]) or "unknown",
+        error_class=_text(row["error_class"]), latency_ms=_number(row["latency_ms"]),
+        ttfb_ms=_number(row["ttfb_ms"]), output_tokens=_whole(row["output_tokens"]),
+        cost_usd=_number(row["cost_usd"]), policy_version=_text(row["policy_version"]),
+        probability=_number(row["selection_probability"]),
+        reason=_text(row["selection_reason"]), odds=_odds(row["candidate_odds"]),
+        input_tokens=_whole(row["estimated_input_tokens"]),
+        output_budget=_whole(row["output_budget"]))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    loaded = _json(value) if isinstance(value, str) else None
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _odds(value: object) -> dict[str, float] | None:
+    loaded = _mapping(value)
+    odds = {k: float(v) for k, v in loaded.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 <= v <= 1}
+    return odds or None
 
 
 def _attempts(cursor: Any, db: Database, since: float, until: float,
@@ -134,5 +183,5 @@ def _json(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

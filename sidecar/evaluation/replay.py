@@ -1,22 +1,27 @@
 """`sidecar replay`: re-decide every logged request of a window under a candidate
 configuration and estimate what it would have done (docs/policy-evaluation.md §2).
 
-Per group, in decision order: the observation state is advanced to the decision's time
-(context.py), the candidate's router decides the request as the row describes it, and its
-probabilities for every target are paired with the logged primary, its logged probability
-and its outcome (estimators.py). The candidate's router keeps its own state over the replay
-(rotation, ejections, probes) on the replayed clock. Conversation keys are never logged, so
-the candidate's affinity cannot pin; a pinned logged turn is compared with the candidate's
-fresh odds, which is what its pin would have been made from (affinity churn)."""
+All rows in decision order, every group on one observation state as the live store keeps
+it (by target, across groups): the state is advanced to the decision's time (context.py),
+with the rows of one retention window before the period fed to it first (so the period's
+first decisions are not made on an empty store), the candidate's router decides the
+request as the row describes it, and its probabilities for every target are paired with
+the logged primary, its logged probability and its outcome (estimators.py). The
+candidate's router keeps its own state over the replay (rotation, ejections, probes) on the
+replayed clock. Conversation keys are never logged, so the candidate's affinity cannot
+pin: a pinned logged turn is weighed by the logged odds of its target at that turn (what
+the pin was drawn from), and compared with the candidate's fresh odds, which is what its
+own pin would be drawn from (affinity churn)."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.config.models import SidecarConfig
+from sidecar.dialects.apis import Dialect
 from sidecar.evaluation.context import ReplayClock, ReplayedObservations, summary_of
 from sidecar.evaluation.estimators import Estimate, Sample, estimate, target_shares
 from sidecar.evaluation.logged import FailedAttempt, LoggedDecision
@@ -25,12 +30,15 @@ from sidecar.routing.policy_version import policy_version
 from sidecar.routing.router import Router
 
 FIGURES = ("cost_usd", "latency_ms", "error_rate")
+_DIALECTS = frozenset(d.value for d in Dialect)
 # Why a logged row could not be evaluated.
 NO_DECISION = "no_decision"            # answered before routing (a quota, a cache hit)
 NO_ODDS = "logged_without_odds"        # logged before decisions carried their odds
 NO_GROUP = "group_not_in_candidate"
 REFUSED = "candidate_refuses"          # no eligible target under the candidate
 NO_OUTCOME = "no_outcome"              # the decision's outcome never reached the log
+LOGGED_REFUSED = "logged_refused"      # the logging policy found no eligible target
+MALFORMED = "malformed_row"            # a row whose values are not what this version writes
 Progress = Callable[[int, int], None]
 
 
@@ -46,6 +54,9 @@ class GroupReplay:
     pinned: int = 0
     churn: float | None = None           # the same over pinned (affinity hit) turns
     unlogged_mass: float = 0.0           # candidate probability on targets never logged
+    # Candidate probability on targets the logging policy could not have chosen for that
+    # request (logged probability 0): no estimator sees those outcomes in these rows.
+    unsupported_mass: float = 0.0
     estimates: dict[str, Estimate | None] = field(default_factory=dict)
     logged_shares: dict[str, float] = field(default_factory=dict)
     candidate_shares: dict[str, float] = field(default_factory=dict)
@@ -60,6 +71,7 @@ class GroupReplay:
             "decisions_changed": self.changed, "pinned_turns": self.pinned,
             "affinity_churn": self.churn, "candidate_mass_on_unlogged_targets":
                 self.unlogged_mass,
+            "candidate_mass_without_support": self.unsupported_mass,
             "features_never_logged": list(self.features_never_logged),
             "target_shares": {"logged": self.logged_shares,
                               "candidate": self.candidate_shares},
@@ -83,104 +95,154 @@ def _finite(value: float) -> float | None:
 
 def replay(candidate: SidecarConfig, decisions: Sequence[LoggedDecision],
            attempts: Sequence[FailedAttempt], confidence: float = 0.95,
-           progress: Progress | None = None) -> list[GroupReplay]:
-    """One `GroupReplay` per logged group, by name."""
-    by_group: dict[str, list[LoggedDecision]] = defaultdict(list)
+           progress: Progress | None = None, since: float | None = None,
+           group: str | None = None) -> list[GroupReplay]:
+    """One `GroupReplay` per logged group of the period (`group` only, if given), by name.
+    Rows before `since` only feed the observation state."""
+    start = since if since is not None else (decisions[0].at if decisions else 0.0)
+    clock = ReplayClock(decisions[0].at if decisions else 0.0)
+    observed = ReplayedObservations(candidate, clock, decisions, attempts)
+    router = Router(candidate, clock=clock, wall_clock=clock)
+    groups: dict[str, _GroupState] = {}
+    evaluated = [row for row in decisions if row.at >= start
+                 and (group is None or row.group == group)]
+    total = len(evaluated)
+    done = 0
     for row in decisions:
-        by_group[row.group].append(row)
-    failed: dict[str, list[FailedAttempt]] = defaultdict(list)
-    for attempt in attempts:
-        failed[attempt.group].append(attempt)
-    done, total = 0, len(decisions)
-    reports = []
-    for group in sorted(by_group):
-        rows = by_group[group]
-        reports.append(_replay_group(candidate, group, rows, failed[group], confidence,
-                                     progress, done, total))
-        done += len(rows)
+        observed.advance_to(row.at)
+        if row.at < start or (group is not None and row.group != group):
+            continue
+        if progress is not None and done % 256 == 0:
+            progress(done, total)
+        done += 1
+        state = groups.get(row.group)
+        if state is None:
+            state = groups[row.group] = _GroupState(candidate, row.group)
+        state.take(row, router, observed, candidate)
     if progress is not None:
         progress(total, total)
-    return reports
+    return [groups[name].finish(confidence) for name in sorted(groups)]
 
 
-def _replay_group(candidate: SidecarConfig, group: str, rows: list[LoggedDecision],
-                  attempts: list[FailedAttempt], confidence: float,
-                  progress: Progress | None, done: int, total: int) -> GroupReplay:
-    report = GroupReplay(group, rows=len(rows))
-    for row in rows:
+class _GroupState:
+    """One group's replay as it goes: counts and samples, then its `GroupReplay`."""
+
+    def __init__(self, candidate: SidecarConfig, group: str) -> None:
+        self.report = GroupReplay(group)
+        config_group = candidate.models.get(group)
+        self.present = config_group is not None
+        if config_group is not None:
+            self.report.candidate_version = policy_version(config_group)
+            self.wanted = {f.value for f in
+                           config_group.dynamic_score.signals.prompt_features.features}
+        self.samples: dict[str, list[Sample]] = {name: [] for name in FIGURES}
+        self.every: list[Sample] = []
+        self.changed = self.churn = self.unsupported = 0.0
+        self.logged_targets: set[str] = set()
+        self.unscanned = 0      # rows whose logging policy did not look for features
+        self.found: set[str] = set()
+
+    def take(self, row: LoggedDecision, router: Router, observed: ReplayedObservations,
+             candidate: SidecarConfig) -> None:
+        report = self.report
+        report.rows += 1
         if row.policy_version:
             report.logged_versions[row.policy_version] += 1
-    config_group = candidate.models.get(group)
-    if config_group is None:
-        report.not_evaluated[NO_GROUP] = len(rows)
-        return report
-    report.candidate_version = policy_version(config_group)
-    clock = ReplayClock(rows[0].at if rows else 0.0)
-    observed = ReplayedObservations(candidate, clock, rows, attempts)
-    router = Router(candidate, clock=clock, wall_clock=clock)
-    samples: dict[str, list[Sample]] = {name: [] for name in FIGURES}
-    every: list[Sample] = []
-    changed = churn = 0.0
-    logged_targets = {row.selected for row in rows if row.selected}
-    unlogged = 0.0
-    scanned = set(config_group.dynamic_score.signals.prompt_features.features)
-    for position, row in enumerate(rows):
-        if progress is not None and position % 256 == 0:
-            progress(done + position, total)
-        observed.advance_to(row.at)
+        if not self.present:
+            report.not_evaluated[NO_GROUP] += 1
+            return
         reason = _not_evaluable(row)
         if reason is not None:
             report.not_evaluated[reason] += 1
-            continue
-        outcome = router.decide(summary_of(row, candidate), observed.store)
+            return
+        try:
+            summary = summary_of(row, candidate)
+        except (ValueError, TypeError):
+            report.not_evaluated[MALFORMED] += 1
+            return
+        outcome = router.decide(summary, observed.store)
         if not isinstance(outcome, Decision):
             report.not_evaluated[REFUSED] += 1
-            continue
-        odds = _candidate_odds(outcome)
+            return
         assert row.selected is not None and row.probability is not None
-        moved = _moved(row, odds)
-        changed += moved
+        odds = _candidate_odds(outcome)
+        logged = _logged_odds(row)
+        propensity = _propensity(row, logged)
+        moved = _moved(logged, odds)
+        self.changed += moved
         if row.affinity == "hit":
             report.pinned += 1
-            churn += moved
-        unlogged += sum(p for t, p in odds.items() if t not in logged_targets)
+            self.churn += moved
+        self.unsupported += sum(p for t, p in odds.items() if logged.get(t, 0.0) <= 0)
+        self.logged_targets.add(row.selected)
+        if row.scanned:
+            self.found |= row.features
+        else:
+            self.unscanned += 1
         cell = f"{row.complexity or '-'}/{'stream' if row.shape.get('stream') else 'unary'}"
-        base = Sample(row.selected, row.probability, 0.0, odds, cell)
-        every.append(base)
+        self.every.append(Sample(row.selected, propensity, 0.0, odds, cell))
         for name, value in (("cost_usd", row.cost_usd), ("latency_ms", row.latency_ms),
                             ("error_rate", 1.0 if row.failed else 0.0)):
-            if value is not None:
-                samples[name].append(Sample(row.selected, row.probability, float(value), odds,
-                                            cell))
-    report.evaluated = len(every)
-    if every:
-        report.changed = changed / len(every)
-        report.unlogged_mass = unlogged / len(every)
-    report.churn = churn / report.pinned if report.pinned else None
-    report.estimates = {name: estimate(found, confidence) for name, found in samples.items()}
-    report.logged_shares, report.candidate_shares = target_shares(every)
-    wanted = {f.value for f in scanned}
-    logged_scan = _logged_scan(rows)
-    report.features_never_logged = tuple(sorted(wanted - logged_scan)) if logged_scan else ()
-    return report
+            if isinstance(value, int | float) and math.isfinite(value):
+                self.samples[name].append(Sample(row.selected, propensity, float(value),
+                                                 odds, cell))
+
+    def finish(self, confidence: float) -> GroupReplay:
+        report = self.report
+        n = len(self.every)
+        report.evaluated = n
+        if n:
+            report.changed = self.changed / n
+            report.unsupported_mass = self.unsupported / n
+            report.unlogged_mass = sum(
+                p for s in self.every for t, p in s.candidate.items()
+                if t not in self.logged_targets) / n
+        report.churn = self.churn / report.pinned if report.pinned else None
+        report.estimates = {name: estimate(found, confidence)
+                            for name, found in self.samples.items()}
+        report.logged_shares, report.candidate_shares = target_shares(self.every)
+        if self.present:
+            if self.unscanned:  # a logging policy that never looked: every wanted feature
+                report.features_never_logged = tuple(sorted(self.wanted))
+            elif self.found:
+                report.features_never_logged = tuple(sorted(self.wanted - self.found))
+        return report
 
 
-def _moved(row: LoggedDecision, odds: dict[str, float]) -> float:
+def _logged_odds(row: LoggedDecision) -> dict[str, float]:
+    """The logging policy's probability of each target for this request: the logged odds,
+    or certainty of the logged primary when it chose without chance."""
+    if row.reason in ("blend", "weights", "pin") and row.odds:
+        return row.odds
+    return {row.selected or "": 1.0}
+
+
+def _propensity(row: LoggedDecision, logged: dict[str, float]) -> float:
+    """The logged primary's probability: as logged, except a pinned turn's, which is 1 in
+    the row (the pin chose it) but was drawn at the conversation's first turn from odds
+    like these (no weight could be formed from 1 otherwise: IPS would be biased on
+    multi-turn traffic)."""
+    if row.reason == "pin" and row.selected in logged and logged[row.selected] > 0:
+        return logged[row.selected]
+    return row.probability or 1.0
+
+
+def _moved(logged: dict[str, float], odds: dict[str, float]) -> float:
     """The share of such decisions whose primary would change: the total variation distance
-    between the logged odds and the candidate's (the least that must move, whatever the
-    draw; 0 for the same policy), or, without logged odds, the candidate's chance of not
-    picking the logged primary."""
-    logged = row.odds
-    if not logged:
-        return 1.0 - odds.get(row.selected or "", 0.0)
+    between the logging policy's odds and the candidate's (the least that must move,
+    whatever the draw; 0 for the same policy)."""
     return 0.5 * sum(abs(logged.get(t, 0.0) - odds.get(t, 0.0)) for t in {*logged, *odds})
 
 
 def _not_evaluable(row: LoggedDecision) -> str | None:
-    if not row.strategy or row.selected is None:
+    if not row.strategy:
         return NO_DECISION
+    if row.selected is None:
+        return LOGGED_REFUSED
     if row.probability is None or row.probability <= 0:
         return NO_ODDS
+    if row.shape.get("dialect", "openai_chat") not in _DIALECTS:
+        return MALFORMED
     if row.status is None:
         return NO_OUTCOME
     return None
@@ -194,12 +256,3 @@ def _candidate_odds(decision: Decision) -> dict[str, float]:
     if selection is not None and selection[1] in ("blend", "weights", "pin") and trace.odds:
         return dict(trace.odds)
     return {decision.primary.label: 1.0}
-
-
-def _logged_scan(rows: Sequence[LoggedDecision]) -> set[str]:
-    """Features the logging policy could have found (those it ever found): a candidate that
-    looks for others cannot be replayed on them. Empty when none was ever found."""
-    found: set[str] = set()
-    for row in rows:
-        found |= row.features
-    return found

@@ -68,6 +68,11 @@ def _group(group: dict[str, Any], confidence: float) -> str:
                    f'{group["decisions_changed"]:.1%}</b>'
                    + (f'; affinity churn: <b>{churn:.1%}</b> of {group["pinned_turns"]:,} '
                       "pinned turns" if churn is not None else "") + ".</p>")
+        if group["candidate_mass_without_support"] > 0.001:
+            out.append(f'<p class="note">The candidate puts '
+                       f'{group["candidate_mass_without_support"]:.1%} of its probability '
+                       "where the logging policy had none for those requests: IPS and SNIPS "
+                       "cannot see it; the doubly robust estimate models it.</p>")
         if group["candidate_mass_on_unlogged_targets"] > 0.001:
             out.append(f'<p class="note">The candidate puts '
                        f'{group["candidate_mass_on_unlogged_targets"]:.1%} of its probability on '
@@ -95,7 +100,8 @@ def _interval_chart(figure: str, e: dict[str, Any], confidence: float) -> str:
     for index, (series, interval) in enumerate(rows):
         y = 20 + 30 * index
         value = interval["value"]
-        svg.append(f'<text x="4" y="{y + 4}">{series}: {_format(figure, value)}</text>')
+        shown = "not estimable" if value is None else _format(figure, value)
+        svg.append(f'<text x="4" y="{y + 4}">{series}: {shown}</text>')
         if interval["low"] is not None and interval["high"] is not None:
             svg.append(f'<line data-series="{series}" x1="{x(interval["low"]):.1f}" '
                        f'y1="{y}" x2="{x(interval["high"]):.1f}" y2="{y}" '

@@ -1,25 +1,28 @@
-"""Shadow policies (docs/policy-evaluation.md §3): every sampled live decision of a group
-with a `shadow:` block is decided again under the candidate policy and compared, never
-acted on.
+"""Shadow policies (docs/policy-evaluation.md §3): sampled live decisions of a group with a
+`shadow:` block are decided again under the candidate policy and compared, never acted on.
 
-Off the decision path: the gateway only `offer`s the request summary and the live primary
-(an append to a bounded queue); `drain`, run by a background task on the same event loop,
-decides them under the shadow's own router (its own rotation, pins and ejections) on the
-same observation store, and adds to per-group tallies: decisions, agreements (the same
-primary), and the estimated differences of the shadow's primary from the live one —
-estimated cost of this request (prices, its size), p95 latency and error rate observed for
-each target. The tallies feed `/metrics` and, as rollup rows, the decisions report."""
+Off the decision path: the gateway only `offer`s the request summary and the live
+decision's odds (an append to a bounded queue); `drain`, run by a background task on the
+same event loop, decides them under the shadow's own router (its own rotation, pins and
+ejections) on the same observation store, and adds to per-group tallies. Both policies
+pick by deterministic rotations, so their primaries for one request are compared as
+distributions: agreement is 1 − the total variation distance between the two decisions'
+odds (the chance, under the best pairing, that both choose the same), and each difference
+is the shadow's expected figure minus the live one's under their odds — estimated cost of
+this request (prices, its size), p95 latency and error rate observed for each target."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.config.models import SidecarConfig
+from sidecar.config.models import SidecarConfig, Target
+from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.routing.decision import Decision
 from sidecar.routing.observations import ObservationView
 from sidecar.routing.policy_version import policy_version
@@ -28,10 +31,14 @@ from sidecar.routing.router import Router
 from sidecar.routing.scores import estimated_cost_usd
 from sidecar.telemetry.rows import ShadowRow
 
-# Decisions waiting for their shadow at most (past it an offer is dropped and counted):
-# a burst of this many requests between two drains costs at most ~this many summaries.
-MAX_PENDING = 4096
-DRAIN_BATCH = 512
+log = logging.getLogger("sidecar.shadow")
+_limited = LogLimiter(log, burst=1, interval=60.0)
+# Decisions waiting for their shadow at most (past it an offer is dropped and counted);
+# each holds its request summary, with up to `max_scan_bytes` of prompt sample: 1,024 ×
+# 16 KiB is 16 MiB at most (docs/security.md).
+MAX_PENDING = 1024
+DRAIN_BATCH = 256
+_GOLDEN = 0x9E3779B1  # sampling: multiplicative hashing of the decision count
 
 
 @dataclass(slots=True)
@@ -41,16 +48,27 @@ class ShadowTally:
     policy_version: str
     shadow_version: str
     decisions: int = 0
-    agreements: int = 0
-    # Shadow's primary minus live's, summed over decisions (0 where they agree, or where a
-    # figure is unknown for either: no price, no latency observed yet).
-    cost_delta_usd: float = 0.0      # this request's estimated cost on each
-    latency_delta_ms: float = 0.0    # p95 latency (the group's latency basis) of each
-    error_rate_delta: float = 0.0    # observed error rate of each
+    agreements: float = 0.0          # Σ (1 − total variation) of the two decisions' odds
+    # Shadow's expected figure minus live's, summed over decisions (a figure unknown for
+    # a target it could choose — no price, no latency observed yet — counts as equal).
+    cost_delta_usd: float = 0.0      # this request's estimated cost
+    latency_delta_ms: float = 0.0    # p95 latency (the group's latency basis)
+    error_rate_delta: float = 0.0    # observed error rate
     dropped: int = 0
 
     def fresh(self) -> ShadowTally:
         return ShadowTally(self.policy_version, self.shadow_version)
+
+
+def decision_odds(decision: Decision) -> dict[str, float]:
+    """Each target's probability of being this decision's primary: its odds when it drew
+    by shares, certainty of its primary when it chose without chance (a pin, a probe, a
+    declared order, a rule, an external answer)."""
+    trace = decision.trace
+    if trace.selection is not None and trace.selection[1] in ("blend", "weights") and (
+            trace.odds):
+        return dict(trace.odds)
+    return {decision.primary.label: 1.0}
 
 
 def shadow_decider(config: SidecarConfig, observations: ObservationView
@@ -68,14 +86,16 @@ class ShadowDecider:
         shadows = {name: group.shadow_group() for name, group in config.models.items()
                    if group.shadow is not None}
         self._groups = {name: config.models[name] for name in shadows}
-        self._targets = {name: {f"{t.provider}/{t.model_ref}": t for t in group.targets}
-                         for name, group in self._groups.items()}
+        self._targets: dict[str, dict[str, Target]] = {
+            name: {f"{t.provider}/{t.model_ref}": t for t in group.targets}
+            for name, group in self._groups.items()}
         self._router = Router(config.model_copy(update={"models": shadows}), clock=clock)
-        self._every = {name: max(1, round(100 / group.shadow.sample_percent))  # type: ignore[union-attr]
+        # Offer n of a group is shadowed when its hash falls under this (of 2^32).
+        self._under = {name: int(group.shadow.sample_percent / 100 * 2**32)  # type: ignore[union-attr]
                        for name, group in self._groups.items()}
         self._seen = dict.fromkeys(shadows, 0)
         self._observations = observations
-        self._pending: deque[tuple[RequestSummary, str]] = deque()
+        self._pending: deque[tuple[RequestSummary, dict[str, float]]] = deque()
         self._max_pending = max_pending
         self.tallies = {name: ShadowTally(policy_version(self._groups[name]),
                                           policy_version(shadow))  # type: ignore[arg-type]
@@ -87,31 +107,38 @@ class ShadowDecider:
         return group in self._groups
 
     def offer(self, summary: RequestSummary, live: Decision) -> None:
-        """On the decision path: O(1), nothing decided here."""
+        """On the decision path: O(1) but for the live odds' copy; nothing decided here.
+        Sampled by hashing the group's decision count, not every n-th: a rotation repeats
+        its picks with a short period, which an every-n-th sample would line up with."""
         group = summary.group
         seen = self._seen[group] = self._seen[group] + 1
-        if seen % self._every[group]:
+        if (seen * _GOLDEN) & 0xFFFFFFFF >= self._under[group]:
             return
         if len(self._pending) >= self._max_pending:
             self.tallies[group].dropped += 1
             self.totals[group].dropped += 1
             return
-        self._pending.append((summary, live.primary.label))
+        self._pending.append((summary, decision_odds(live)))
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
     def drain(self, limit: int = DRAIN_BATCH) -> int:
-        """Decide up to `limit` waiting offers under their shadows; how many were."""
+        """Decide up to `limit` waiting offers under their shadows; how many were. A
+        decision that cannot be compared (a bug) is logged and skipped, never raised: the
+        loop that calls this must outlive it."""
         done = 0
         pending = self._pending
         while pending and done < limit:
             summary, live = pending.popleft()
-            outcome = self._router.decide(summary, self._observations)
             done += 1
-            if isinstance(outcome, Decision):
-                self._compare(summary, live, outcome.primary.label)
+            try:
+                outcome = self._router.decide(summary, self._observations)
+                if isinstance(outcome, Decision):
+                    self._compare(summary, live, decision_odds(outcome))
+            except Exception:
+                _limited.exception("shadow_decision", "a shadow decision failed (skipped)")
         return done
 
     def take(self) -> dict[str, ShadowTally]:
@@ -122,43 +149,48 @@ class ShadowDecider:
             self.tallies[name] = self.tallies[name].fresh()
         return taken
 
-    def _compare(self, summary: RequestSummary, live: str, shadow: str) -> None:
+    def _compare(self, summary: RequestSummary, live: dict[str, float],
+                 shadow: dict[str, float]) -> None:
         group = self._groups[summary.group]
-        for tally in (self.tallies[summary.group], self.totals[summary.group]):
-            tally.decisions += 1
-            if shadow == live:
-                tally.agreements += 1
-        if shadow == live:
-            return
         targets = self._targets[summary.group]
-        live_cost = estimated_cost_usd(targets[live], summary.estimated_input_tokens,
-                                       summary.output_budget)
-        shadow_cost = estimated_cost_usd(targets[shadow], summary.estimated_input_tokens,
-                                         summary.output_budget)
         policy = group.dynamic_score
         window, basis = policy.observation_window_seconds, policy.latency_basis
-        live_seen = self._observations.get(live, window)
-        shadow_seen = self._observations.get(shadow, window)
-        live_latency = live_seen.latency_ms(basis)
-        shadow_latency = shadow_seen.latency_ms(basis)
+        agreement = 1.0 - 0.5 * sum(abs(live.get(t, 0.0) - shadow.get(t, 0.0))
+                                    for t in {*live, *shadow})
+        cost = latency = errors = 0.0
+        for label in {*live, *shadow}:
+            weight = shadow.get(label, 0.0) - live.get(label, 0.0)
+            target = targets.get(label)
+            if not weight or target is None:  # a target this group no longer has
+                continue
+            price = estimated_cost_usd(target, summary.estimated_input_tokens,
+                                       summary.output_budget)
+            seen = self._observations.get(label, window)
+            latency_ms = seen.latency_ms(basis)
+            cost += weight * (price or 0.0)
+            latency += weight * (latency_ms or 0.0)
+            errors += weight * seen.error_rate
         for tally in (self.tallies[summary.group], self.totals[summary.group]):
-            if live_cost is not None and shadow_cost is not None:
-                tally.cost_delta_usd += shadow_cost - live_cost
-            if live_latency is not None and shadow_latency is not None:
-                tally.latency_delta_ms += shadow_latency - live_latency
-            tally.error_rate_delta += shadow_seen.error_rate - live_seen.error_rate
+            tally.decisions += 1
+            tally.agreements += agreement
+            tally.cost_delta_usd += cost
+            tally.latency_delta_ms += latency
+            tally.error_rate_delta += errors
 
 
 class ShadowLoop:
-    """The background half: drains the gateway's current decider every `drain_s` and hands
-    its tallies to telemetry every `rollup_s` (a reload gives the gateway a new decider;
-    the loop follows it). Runs on the sidecar's event loop, beside the requests."""
+    """The background half: drains the gateway's current decider every `drain_s` (and the
+    ones a reload replaced, until they are empty) and hands the tallies to telemetry every
+    `rollup_s`. Runs on the sidecar's event loop, beside the requests; nothing it does can
+    stop the sidecar's shutdown."""
 
     def __init__(self, current: Callable[[], ShadowDecider | None],
                  rollup: Callable[[ShadowRow], None] | None,
+                 retired: Callable[[], list[ShadowDecider]] = list,
                  drain_s: float = 0.05, rollup_s: float = 10.0,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._current = current
+        self._retired = retired
         self._rollup = rollup
         self._drain_s = drain_s
         self._rollup_s = rollup_s
@@ -171,29 +203,46 @@ class ShadowLoop:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(BaseException):
                 await self._task
-        self.flush()
+        try:
+            for decider in self._deciders():
+                while decider.drain():
+                    pass
+            self.flush()
+        except Exception:
+            _limited.exception("shadow_stop", "shadow rollups lost at stop")
+
+    def _deciders(self) -> list[ShadowDecider]:
+        current = self._current()
+        return [*self._retired(), *([current] if current is not None else [])]
 
     def flush(self) -> None:
-        decider = self._current()
-        if decider is None or self._rollup is None:
+        if self._rollup is None:
             return
         now = self._wall()
-        for group, t in decider.take().items():
-            self._rollup(ShadowRow(now, group, t.policy_version, t.shadow_version,
-                                   t.decisions, t.agreements, t.cost_delta_usd,
-                                   t.latency_delta_ms, t.error_rate_delta, t.dropped))
+        retired = self._retired()
+        for decider in self._deciders():
+            for group, t in decider.take().items():
+                self._rollup(ShadowRow(now, group, t.policy_version, t.shadow_version,
+                                       t.decisions, t.agreements, t.cost_delta_usd,
+                                       t.latency_delta_ms, t.error_rate_delta, t.dropped))
+        for decider in list(retired):  # drained and rolled up: let it go
+            if not decider.pending:
+                retired.remove(decider)
 
     async def _run(self) -> None:
         last = time.monotonic()
         while True:
             await asyncio.sleep(self._drain_s)
-            decider = self._current()
-            if decider is None:
-                continue
-            while decider.drain():  # a batch at a time, letting requests in between
-                await asyncio.sleep(0)
-            if time.monotonic() - last >= self._rollup_s:
-                last = time.monotonic()
-                self.flush()
+            try:
+                for decider in self._deciders():
+                    while decider.drain():  # a batch at a time, requests in between
+                        await asyncio.sleep(0)
+                        if time.monotonic() - last >= self._rollup_s:
+                            break  # rollups do not wait for a queue that never empties
+                if time.monotonic() - last >= self._rollup_s:
+                    last = time.monotonic()
+                    self.flush()
+            except Exception:
+                _limited.exception("shadow_loop", "shadow loop round failed")

@@ -30,7 +30,7 @@ from sidecar.envoy_contract import (
     SESSION_KEY_HEADER,
     USAGE_UNASKED_HEADER,
 )
-from sidecar.evaluation.shadow import shadow_decider
+from sidecar.evaluation.shadow import ShadowDecider, shadow_decider
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
@@ -91,6 +91,8 @@ class Gateway:
         self.sessions = SessionStore(sessions.ttl_seconds, sessions.max_entries)
         # Groups' shadow policies, decided off the decision path (evaluation/shadow.py).
         self.shadows = shadow_decider(runtime.config, observations)
+        # Deciders a reload replaced, until the shadow loop has drained and rolled them up.
+        self.retired_shadows: list[ShadowDecider] = []
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
         self.retry_credentials_received = 0
 
@@ -107,6 +109,8 @@ class Gateway:
         self._runtime = runtime
         self.external = external
         self.caches = caches
+        if self.shadows is not None:
+            self.retired_shadows = [*self.retired_shadows, self.shadows][-RETIRED_KEPT:]
         self.shadows = shadow_decider(runtime.config, self._observations)
 
     @property
@@ -194,7 +198,7 @@ class Gateway:
         runtime = pending.runtime or self._runtime
         payload = parsed.payload
         group = runtime.config.models[model]
-        shape = request_shape(pending.dialect, payload, scan_limit(group))
+        shape = request_shape(pending.dialect, payload, runtime.scan_limits[model])
         refusal = (bridge_refusal(runtime.bridge_translators.get((model, pending.dialect)),
                                   payload) if group.bridges else None)
         pressure = (self.quotas.counters.spend_pressure(pending.caller.name, model)
@@ -388,18 +392,6 @@ def affinity_key(caller: str, model: str, group: ModelGroup, dialect: Dialect,
     if stateful_session or payload.get("previous_response_id") is not None:
         return None
     return conversation_key(caller, model, dialect, payload)
-
-
-def scan_limit(group: ModelGroup) -> int:
-    """How much prompt text the routing core may scan: only dynamic_score, script and
-    external groups (whose rules or service may read prompt features and complexity) with
-    the prompt_features signal on look at text at all — or an external group that sends
-    prompt text to its service."""
-    if group.strategy not in ("dynamic_score", "script", "external"):
-        return 0
-    features = group.dynamic_score.signals.prompt_features
-    sends_text = group.external is not None and group.external.send_prompt_text
-    return features.max_scan_bytes if features.enabled or sends_text else 0
 
 
 def _presented_token(headers: Mapping[str, str]) -> str | None:

@@ -21,6 +21,7 @@ from sidecar.config.references import config_view
 from sidecar.config.secrets import caller_digests, unreadable_provider_keys
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import ROUTE_CLASS_HEADER, bridge_cluster_name, target_cluster_name
+from sidecar.gateway.scan import scan_limit
 from sidecar.header_policy import (
     answer_varying_headers,
     credential_headers,
@@ -104,12 +105,15 @@ class Runtime:
         # nothing of when or how often the sidecar reloaded.
         self.generation = secrets.token_hex(8)
         self.router = Router(config)
+        # How much prompt text each group's requests scan (its own and its shadow's need).
+        self.scan_limits = {name: scan_limit(group) for name, group in config.models.items()}
         # Groups whose score terms read `budget_pressure`: only their requests look it up.
         self.pressure_groups = frozenset(
             name for name, group in config.models.items()
-            if group.strategy == "dynamic_score" and any(
+            if any(policy.strategy == "dynamic_score" and any(
                 "budget_pressure" in term.expression
-                for term in group.dynamic_score.score_terms))
+                for term in policy.dynamic_score.score_terms)
+                for policy in (group, group.shadow_group()) if policy is not None))
         self.callers_by_digest: dict[str, Caller]
         self.callers_by_digest, problems = caller_digests(config.callers, environ)
         if problems:

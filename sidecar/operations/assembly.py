@@ -167,7 +167,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     add_routing_metrics(metrics, gateway)
     add_shadow_metrics(metrics, lambda: gateway.shadows)
     shadows = ShadowLoop(lambda: gateway.shadows,
-                         telemetry.shadow if telemetry is not None else None)
+                         telemetry.shadow if telemetry is not None else None,
+                         lambda: gateway.retired_shadows)
     shadows.start()
     add_cache_metrics(metrics, lambda: gateway.caches)
     add_quota_metrics(metrics, quotas)

@@ -29,7 +29,7 @@ from sidecar.routing.signals import (
     prompt_feature_detector,
     request_shape_buckets,
 )
-from sidecar.routing.thresholds import judge, least_bad, proven_well
+from sidecar.routing.thresholds import judge, judge_probes, least_bad, proven_well
 from sidecar.routing.trace import CandidateTrace, DecisionTrace, Figures
 from sidecar.routing.weighted import WeightedRotation
 
@@ -194,7 +194,11 @@ class DynamicScore:
                 # (the pin above is the usual pick).
                 trace.probe = probe.label
                 trace.chose(1.0, "probe")
-                return [probe, *(c for c in ordered if c.index != probe.index)]
+                attempts = [probe, *(c for c in ordered if c.index != probe.index)]
+                # Chosen with certainty: the probe 1, every other target 0.
+                trace.odds = tuple((c.label, 1.0 if c is probe else 0.0)
+                                   for c in (probe, *blend.by_share))
+                return attempts
         return ordered
 
     def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
@@ -225,8 +229,7 @@ class DynamicScore:
         blend = Blend(candidates, shares, scores, values, final, blended,
                       "all_cold" if not any(hot) else "all_warm" if all(hot) else "mixed",
                       tuple(c for _, c in by_share),
-                      tuple((c.label, round(f, 6)) for c, f in zip(eligible, final,
-                                                                   strict=True)))
+                      tuple((c.label, f) for c, f in zip(eligible, final, strict=True)))
         if len(self._blends) >= _MAX_BLENDS:
             self._blends.clear()
         self._blends[key] = blend
@@ -334,8 +337,8 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
             continue
         if health is Health.PROBING:
             evidence = ejections.probe_evidence(choice.label, observations)
-            if ((evidence.count and judge(policy.thresholds, evidence,
-                                          policy.latency_basis).violation)
+            if ((evidence.count and judge_probes(policy.thresholds, evidence,
+                                                 policy.latency_basis).violation)
                     or ejections.probe_overdue(choice.label, now, evidence.count)):
                 ejections.eject(choice.label, now)  # failed probes: out for longer
             elif evidence.count >= PROBE_SUCCESSES and proven_well(

@@ -90,14 +90,28 @@ def _judge(thresholds: Thresholds, obs: TargetObservations, basis: str, needed: 
     return Verdict(None, tuple(unproven)) if unproven else CLEAR
 
 
+def judge_probes(thresholds: Thresholds, obs: TargetObservations,
+                 basis: str = "observed_p95") -> Verdict:
+    """The thresholds on a probed target's evidence since probing began: no minimum count
+    (one failure among the first probes is evidence enough: its lower bound is over the
+    limit), the confidence bound as for a window."""
+    return _judge(thresholds, obs, basis, 0, z_of(thresholds.confidence))
+
+
 def proven_well(thresholds: Thresholds, obs: TargetObservations,
                 basis: str = "observed_p95") -> bool:
     """Probing's standard in the other direction: every rate's upper confidence bound at or
-    under its limit, and the p95 latency within its limit."""
+    under its limit (a limit of 0 allows no failure at all: no bound is ever under 0), and
+    the p95 latency within its limit."""
     z = z_of(thresholds.confidence)
     for limit, rate in ((thresholds.max_error_rate, obs.error_rate),
                         (thresholds.max_timeout_rate, obs.timeout_rate)):
-        if limit is not None and wilson_bounds(rate, obs.count, z)[1] > limit:
+        if limit is None:
+            continue
+        if limit <= 0:
+            if rate > 0:
+                return False
+        elif wilson_bounds(rate, obs.count, z)[1] > limit:
             return False
     latency = obs.latency_ms(basis)
     return (thresholds.max_p95_latency_ms is None or latency is None
@@ -108,7 +122,7 @@ def clean_answers_needed(thresholds: Thresholds, at_least: int = 1) -> int:
     """How many answers without a failure bring every rate's upper bound under its limit
     (max_error_rate 0.03 at 0.95: 88): what probing needs at best (docs, tests)."""
     count = at_least
-    while not proven_well(thresholds, TargetObservations(count=count)):
+    while not proven_well(thresholds, TargetObservations(count=count)) and count < 100_000:
         count += 1
     return count
 

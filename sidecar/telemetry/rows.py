@@ -156,10 +156,10 @@ class ShadowRow:
     policy_version: str
     shadow_version: str
     decisions: int
-    agreements: int
-    cost_delta_usd: float          # shadow's primary minus live's, estimated per request
-    latency_delta_ms: float        # p95 latency of each primary, observed
-    error_rate_delta: float        # error rate of each primary, observed
+    agreements: float              # Σ (1 − total variation) of the two decisions' odds
+    cost_delta_usd: float          # shadow's expected minus live's: estimated request cost
+    latency_delta_ms: float        # the same of the p95 latency observed
+    error_rate_delta: float        # the same of the error rate observed
     dropped: int                   # decisions not shadowed (the queue was full)
 
 

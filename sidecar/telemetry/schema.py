@@ -86,7 +86,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         """CREATE TABLE shadow_rollups (
             at DOUBLE PRECISION NOT NULL, replica TEXT NOT NULL, group_name TEXT NOT NULL,
             policy_version TEXT NOT NULL, shadow_version TEXT NOT NULL,
-            decisions BIGINT NOT NULL, agreements BIGINT NOT NULL,
+            decisions BIGINT NOT NULL, agreements DOUBLE PRECISION NOT NULL,
             cost_delta_usd DOUBLE PRECISION NOT NULL,
             latency_delta_ms DOUBLE PRECISION NOT NULL,
             error_rate_delta DOUBLE PRECISION NOT NULL, dropped BIGINT NOT NULL)""",

@@ -92,3 +92,12 @@ def test_target_shares_logged_and_expected() -> None:
 
 def test_no_samples_no_estimate() -> None:
     assert estimate([]) is None
+
+
+def test_no_doubly_robust_estimate_for_targets_no_row_shows() -> None:
+    """A model of a target never logged would be made up: DR is not estimable."""
+    import math
+    samples = [Sample("p/a", 1.0, 100.0 + n, {"p/b": 1.0}) for n in range(10)]
+    found = estimate(samples)
+    assert found.ips.value == 0.0  # IPS sees no outcome of p/b (the report warns)
+    assert math.isnan(found.dr.value) and math.isnan(found.delta.value)

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import random
 
-from sidecar.evaluation.logged import LoggedDecision
-from sidecar.evaluation.replay import NO_DECISION, NO_GROUP, NO_ODDS, replay
+import pytest
+
+from sidecar.evaluation.logged import LoggedDecision, decision_of
+from sidecar.evaluation.replay import (
+    LOGGED_REFUSED,
+    MALFORMED,
+    NO_DECISION,
+    NO_GROUP,
+    NO_ODDS,
+    replay,
+)
 from sidecar.routing.router import Router
 from tests.unit.routing.helpers import config, request
 
@@ -36,7 +45,7 @@ def row(n: int, at: float, decision, chance: random.Random) -> LoggedDecision:
         shape={"dialect": "openai_chat", "stream": False, "tools": "none", "images": False,
                "reasoning": False, "structured_output": "none", "max_tokens_cap": "none",
                "input_size": "small"},
-        complexity="simple", features=frozenset(), reasoning_effort=None,
+        complexity="simple", features=frozenset(), scanned=False, reasoning_effort=None,
         reasoning_budget=None, affinity="not_applicable", probe=None, selected=target,
         serving=target, status=503 if failed else 200,
         status_class="5xx" if failed else "2xx", error_class="server_error" if failed else "ok",
@@ -85,11 +94,14 @@ def test_rows_that_cannot_be_evaluated_are_counted_with_their_reason() -> None:
     from dataclasses import replace
     rows[0] = replace(rows[0], strategy="", selected=None)       # a quota refusal
     rows[1] = replace(rows[1], probability=None)                 # logged before the odds
+    rows[3] = replace(rows[3], selected=None)                    # no target was eligible
+    rows[4] = replace(rows[4], shape={**rows[4].shape, "dialect": "klingon"})
     other = replace(rows[2], group="gone")
     [g, gone] = replay(CANDIDATE, [*rows, other], [])
     assert gone.not_evaluated == {NO_GROUP: 1}
-    assert g.not_evaluated == {NO_DECISION: 1, NO_ODDS: 1} and g.evaluated == 8
-    assert g.to_dict()["not_evaluated"] == {NO_DECISION: 1, NO_ODDS: 1}
+    expected = {NO_DECISION: 1, NO_ODDS: 1, LOGGED_REFUSED: 1, MALFORMED: 1}
+    assert g.not_evaluated == expected and g.evaluated == 6
+    assert g.to_dict()["not_evaluated"] == expected
 
 
 def test_a_sick_target_in_the_log_is_ejected_in_the_replay_too() -> None:
@@ -123,3 +135,44 @@ def test_a_sick_target_in_the_log_is_ejected_in_the_replay_too() -> None:
     [report] = replay(candidate, rows, [])
     assert report.candidate_shares["p/cheap"] < 0.15
     assert report.estimates["error_rate"].dr.value < report.estimates["error_rate"].logged.value
+
+
+def test_pinned_turns_are_weighed_by_the_odds_their_pin_was_drawn_from() -> None:
+    """A pinned turn is logged with probability 1 (the pin chose it); weighed so, IPS of
+    the logging policy itself fell to half the logged mean on two equal targets."""
+    from dataclasses import replace
+    rows = [replace(r, reason="pin", probability=1.0, affinity="hit") for r in log(8)]
+    [report] = replay(LOGGING, rows, [])
+    latency = report.estimates["latency_ms"]
+    assert latency.ips.value == pytest.approx(latency.logged.value, rel=0.05)
+    assert report.changed == 0.0 and report.churn == 0.0
+
+
+def test_candidate_probability_without_support_is_reported() -> None:
+    """A failover log (each primary chosen with certainty) cannot say what another target
+    would have done for those requests: the candidate's mass there is reported."""
+    from dataclasses import replace
+    rows = [replace(r, reason="declared_order", probability=1.0, odds={r.selected: 1.0})
+            for r in log(9)]
+    [report] = replay(CANDIDATE, rows, [])
+    assert report.unsupported_mass > 0.3
+    assert report.to_dict()["candidate_mass_without_support"] == report.unsupported_mass
+
+
+def test_hostile_rows_are_read_as_absent_values_never_a_failure() -> None:
+    row = {"request_id": "r", "started_at": 10.0, "group_name": "g", "caller": "c",
+           "strategy": "weighted", "signals": 7, "request_shape": "[1, 2]",
+           "complexity": None, "prompt_features": None, "reasoning_effort": None,
+           "reasoning_budget_tokens": "x", "affinity": None, "probe": None,
+           "selected_target": "p/fast", "serving_target": "p/fast", "status": 200,
+           "status_class": "2xx", "error_class": "ok", "latency_ms": float("nan"),
+           "ttfb_ms": None, "output_tokens": None, "cost_usd": True,
+           "policy_version": None, "selection_probability": 0.5,
+           "selection_reason": "weights", "candidate_odds": '{"p/fast": "NaN", "p/cheap": 2}',
+           "estimated_input_tokens": None, "output_budget": None}
+    decision = decision_of(row)
+    assert decision.shape == {} and decision.odds is None and decision.latency_ms is None
+    assert decision.cost_usd is None and decision.reasoning_budget is None
+    [report] = replay(CANDIDATE, [decision], [])
+    assert report.evaluated == 1
+    assert report.estimates["latency_ms"] is None  # no finite latency to estimate from

@@ -116,3 +116,29 @@ def test_health_excluded_targets_are_the_last_fallbacks() -> None:
     decision = decide(CFG, request(), snapshot(p__a=warm(error_rate=0.10), p__b=warm()))
     assert [c.target.model_ref for c in decision.ordered] == ["b", "a"]
     assert decision.primary.target.model_ref == "b"
+
+
+def test_a_zero_error_limit_re_admits_a_target_with_no_failure_at_all() -> None:
+    """No upper bound is ever under 0: a limit of 0 asks for no failure instead (a probed
+    target stuck in probing forever, otherwise)."""
+    from sidecar.config.policy import Thresholds
+    from sidecar.routing.observations import TargetObservations
+    from sidecar.routing.thresholds import clean_answers_needed, proven_well
+
+    zero = Thresholds(max_error_rate=0.0)
+    assert proven_well(zero, TargetObservations(count=5))
+    assert not proven_well(zero, TargetObservations(count=500, error_rate=0.002))
+    assert clean_answers_needed(zero) == 1
+
+
+def test_probe_evidence_needs_no_minimum_count() -> None:
+    """`thresholds.min_observations` guards windows; a probed target's first failures are
+    evidence at once (its lower bound is over the limit)."""
+    from sidecar.config.policy import Thresholds
+    from sidecar.routing.observations import TargetObservations
+    from sidecar.routing.thresholds import judge, judge_probes
+
+    strict = Thresholds(max_error_rate=0.03, min_observations=20)
+    three_failed = TargetObservations(count=3, error_rate=1.0)
+    assert judge(strict, three_failed).violation is None          # a window: too few
+    assert judge_probes(strict, three_failed).violation == "thresholds.max_error_rate"
