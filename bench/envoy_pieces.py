@@ -84,6 +84,10 @@ def without_ext_proc(document: dict) -> None:
     as for Envoy alone) to the stream group's first target."""
     _drop_filter("envoy.filters.http.ext_proc")(document)
     _static_route(document)
+    _stream_route(document)
+
+
+def _stream_route(document: dict) -> None:
     stream_cluster = next(c["name"] for c in document["static_resources"]["clusters"]
                           if c["name"].startswith("target__stream-group__0"))
     routes = connection_manager(document)["route_config"]["virtual_hosts"][0]["routes"]
@@ -105,6 +109,8 @@ def without_local_replies(document: dict) -> None:
 
 
 def without_priority_group(document: dict) -> None:
+    """The sidecar still decides, but the route ignores its order: every request goes to
+    the first target."""
     _static_route(document)
 
 
@@ -144,6 +150,12 @@ PIECES: dict[str, tuple[Edit, str]] = {
 }
 
 
+# How a row's stream probe reaches a stream: through the route as usual, by path (no
+# sidecar to route it), or not at all (the route without its per-request order names one
+# JSON target; the probe then goes to the demo provider directly and the row shows no TTFB).
+STREAMS = {"ext_proc": "by_path", "priority_group": "none"}
+
+
 def config_with_keys(fast_port: int, drip_url: str, token: str) -> str:
     """The SPEC's group, each provider with a key in the environment (so Envoy injects
     it), as a real deployment has them."""
@@ -159,25 +171,29 @@ def rows(fast_port: int, drip: ProviderThread, pieces: list[str]) -> list[Row]:
         processes, port = start_envoy_direct(workdir, fast_port, drip.server.port)
         return Started(processes, port, "m", port, drip_path, "drip-model")
 
-    def sidecar(edit: Edit | None, routed: bool = True) -> Callable[[Path], Started]:
+    def sidecar(edit: Edit | None, streams: str = "routed") -> Callable[[Path], Started]:
         def start(workdir: Path) -> Started:
             processes, port = sidecar_stack(
                 workdir, "dynamic_score", fast_port, drip_url, "",
                 config_text=config_with_keys(fast_port, drip_url, TOKEN), edit=edit)
-            if not routed:  # streams by path, as for Envoy alone
+            if streams == "by_path":  # no sidecar: streams by path, as for Envoy alone
                 return Started(processes, port, "adaptive-agent", port, drip_path,
                                "drip-model")
+            if streams == "none":  # the route cannot reach the stream group: not measured
+                return Started(processes, port, "adaptive-agent", drip.server.port,
+                               drip_path, "drip-model")
             return Started(processes, port, "adaptive-agent", port, CHAT_PATH,
                            "stream-group")
         return start
 
     table = [Row("Envoy alone", envoy), Row("full", sidecar(None))]
-    table += [Row(f"− {name}", sidecar(PIECES[name][0], routed=name != "ext_proc"))
+    table += [Row(f"− {name}", sidecar(PIECES[name][0], STREAMS.get(name, "routed")))
               for name in pieces]
     return table
 
 
-def report(table: list[Row], rounds: int, seconds: float) -> str:
+def report(table: list[Row], rounds: int, seconds: float,
+           failures: dict[str, str] | None = None) -> str:
     medians = {row.name: {key: statistics.median(r[key] for r in row.results)
                           for key in row.results[0]} for row in table}
     full = medians["full"]
@@ -203,12 +219,16 @@ def report(table: list[Row], rounds: int, seconds: float) -> str:
             f"{total / envoy_alone:.2f} | "
             f"{'—' if piece is None else f'{delta_envoy:+.0f}'} | "
             f"{'—' if piece is None else f'{delta_sidecar:+.0f}'} | "
-            f"{m['p50_c1']:.2f} / {m['p99_c1']:.2f} | {m['ttfb_p50']:.2f} | "
+            f"{m['p50_c1']:.2f} / {m['p99_c1']:.2f} | "
+            f"{'—' if STREAMS.get(piece or '') == 'none' else format(m['ttfb_p50'], '.2f')} | "
             f"{PIECES[piece][1] if piece else ''} |")
     lines += ["", f"Envoy alone: {envoy_alone:.0f} µs of Envoy CPU per request. "
               "Δ columns: what taking the piece out saves, against `full` (positive: the "
               "piece costs that much). CPU is per request at concurrency 32; the provider is "
               "an Envoy answering a fixed completion (not counted)."]
+    for name, reason in sorted((failures or {}).items()):
+        lines.append(f"- {name}: failed in at least one round ({reason}); without the piece "
+                     "the stack does not serve that request kind")
     return "\n".join(lines) + "\n"
 
 
@@ -225,9 +245,16 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown pieces: {', '.join(unknown)} (known: {', '.join(PIECES)})")
     os.environ.setdefault(KEY_ENV, "bench-provider-key")  # Envoy reads it (SDS)
+    failures: dict[str, str] = {}
+
+    def failed(row: Row, exc: Exception) -> None:
+        failures[row.name] = f"{type(exc).__name__}: {exc}"
+        print(f"{row.name}: {failures[row.name]}", flush=True)
+
     table, _ = alternate(lambda fast_port, drip, _workdir: rows(fast_port, drip, pieces),
-                         args.rounds, args.seconds, args.streams)
-    publish(report(table, args.rounds, args.seconds), args.output)
+                         args.rounds, args.seconds, args.streams, on_error=failed)
+    publish(report([r for r in table if r.results], args.rounds, args.seconds, failures),
+            args.output)
     return 0
 
 

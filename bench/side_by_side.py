@@ -208,12 +208,14 @@ def ratios(medians: dict[str, dict[str, float]]) -> list[str]:
 
 def alternate(make_rows: Callable[[int, ProviderThread, Path], list[Row]], rounds: int,
               seconds: float, streams: int,
-              finish: Callable[[Path], object] = lambda _workdir: None
+              finish: Callable[[Path], object] = lambda _workdir: None,
+              on_error: Callable[[Row, Exception], None] | None = None
               ) -> tuple[list[Row], object]:
     """Start the fast provider and the streaming demo provider, measure the rows round by
     round (alternating), then `finish(workdir)` while the work folder still exists. Each
     round starts one row further on (A B C, B C A, C A B, ...): a machine that speeds up
-    or slows down within a round favours no row."""
+    or slows down within a round favours no row. With `on_error`, a row that fails is
+    reported there and the run goes on (the row then has fewer results)."""
     text = " ".join(f"w{i}" for i in range(STREAM_EVENTS - 4))  # + role, stop, usage, DONE
     drip = FakeProvider("drip", behaviour=Behaviour(
         inter_event_delay_s=EVENT_SPACING_MS / 1000, text=text))
@@ -226,7 +228,12 @@ def alternate(make_rows: Callable[[int, ProviderThread, Path], list[Row]], round
             for round_ in range(rounds):
                 first = round_ % len(table)
                 for row in table[first:] + table[:first]:
-                    row.results.append(measure(row, workdir, seconds, streams))
+                    try:
+                        row.results.append(measure(row, workdir, seconds, streams))
+                    except Exception as exc:
+                        if on_error is None:
+                            raise
+                        on_error(row, exc)
                     time.sleep(0.5)
         finally:
             provider.stop()
