@@ -83,6 +83,6 @@ class Observation:
     @property
     def output_tokens_per_s(self) -> float | None:
         if (self.output_tokens is None or self.output_tokens <= 0 or not self.upstream_ms
-                or self.upstream_ms <= 0):
+                or self.upstream_ms / 1000 <= 0):  # a denormal duration divides to 0 s
             return None
         return self.output_tokens / (self.upstream_ms / 1000)

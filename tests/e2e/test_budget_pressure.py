@@ -70,16 +70,22 @@ def test_spending_moves_to_the_cheap_target_as_the_budget_runs_down(tmp_path: Pa
             time.sleep(0.06)  # the access log's spend reaches the counters in between
         assert refused is not None, "the budget never ran out"
         assert refused.body["type"] == "rate_limit_exceeded" or "spend" in str(refused)
-    early, late = served[:len(served) // 3], served[-len(served) // 3:]
-    cheap_early = sum(m == "c" for m in early) / len(early)
-    cheap_late = sum(m == "c" for m in late) / len(late)
-    assert cheap_late > cheap_early + 0.2, (cheap_early, cheap_late)
     with sqlite3.connect(db) as conn:
-        scores = [json.loads(s) for (s,) in conn.execute(
-            "SELECT selected_scores FROM request_rows WHERE strategy = 'dynamic_score' "
-            "ORDER BY started_at")]
+        rows = [(json.loads(scores), target) for scores, target in conn.execute(
+            "SELECT selected_scores, selected_target FROM request_rows "
+            "WHERE strategy = 'dynamic_score' ORDER BY started_at")]
         admissions = [a for (a,) in conn.execute(
             "SELECT admission FROM request_rows WHERE admission IS NOT NULL")]
-    pressures = [s["budget_pressure"] for s in scores if "budget_pressure" in s]
+    pressures = [scores["budget_pressure"] for scores, _ in rows if "budget_pressure" in scores]
     assert pressures[0] == "0.0-0.2" and pressures[-1] in ("0.6-0.8", "0.8-1.0")
+    # By the pressure each decision saw (the rows carry it), not by position: how fast the
+    # budget runs down depends on the machine.
+    def cheap_share(buckets: tuple[str, ...]) -> float:
+        picked = [target for scores, target in rows
+                  if scores.get("budget_pressure") in buckets]
+        assert picked, buckets
+        return sum(target == "cheap/c" for target in picked) / len(picked)
+    low, high = cheap_share(("0.0-0.2",)), cheap_share(("0.6-0.8", "0.8-1.0"))
+    assert high > low + 0.2, (low, high)
+    assert len(served) == len(rows)
     assert admissions == ["caller_spend_per_day_usd"]
