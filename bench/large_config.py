@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import grpc
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from in_process import chat_wire, one_request
 from mode_runner import publish
 
 from sidecar.config import load_config_text
@@ -35,7 +34,6 @@ from sidecar.devstack.harness import free_port
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.render import bootstrap_yaml, rendered_document
 from sidecar.envoy_config.xds_files import XdsFiles
-from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
 from sidecar.operations.process import keep_large_buffers_in_heap
@@ -79,25 +77,10 @@ def request_cost(config, group: str, caller: int, rounds: int) -> float:
     processor = ExternalProcessor(Gateway(Runtime(config, {})))
     body = json.dumps({"model": group, "messages": [{"role": "user", "content": "hi " * 40}],
                        "max_tokens": 64}).encode()
-    headers = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=HeaderMap(headers=[
-        HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-            ":path": "/v1/chat/completions", ":method": "POST", ":authority": "bench",
-            "authorization": f"Bearer {token(caller)}", "content-type": "application/json",
-            "content-length": str(len(body))}.items()])))
-    wire = (headers.SerializeToString(),
-            ext.ProcessingRequest(request_body=ext.HttpBody(
-                body=body, end_of_stream=True)).SerializeToString())
+    wire = chat_wire(body, token(caller))
 
     def one() -> None:
-        stream = processor.stream()
-        for raw in wire:
-            response, done = stream.step(ext.ProcessingRequest.FromString(raw))
-            if isinstance(response, BodyAnswer):
-                response.wire_parts()
-            elif response is not None:
-                response.SerializeToString()
-            if done:
-                break
+        one_request(processor, wire)
 
     for _ in range(200):
         one()

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_processes import wait_http
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from in_process import chat_wire, one_request
 from mode_runner import publish
 from stream_probe import probe_streams
 
@@ -38,7 +37,6 @@ from sidecar.config import load_config_text
 from sidecar.devstack.envoy_process import start_envoy
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import FakeProvider
-from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
 from sidecar.operations.process import keep_large_buffers_in_heap
@@ -76,24 +74,10 @@ def in_process_cost(body: bytes, rounds: int) -> float:
     keep_large_buffers_in_heap()
     config = load_config_text(config_text("http://127.0.0.1:9/v1"))
     processor = ExternalProcessor(Gateway(Runtime(config, {"BENCH_KEY": "k"})))
-    headers = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=HeaderMap(headers=[
-        HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-            ":path": "/v1/chat/completions", ":method": "POST", ":authority": "bench",
-            "authorization": f"Bearer {TOKEN}", "content-type": "application/json",
-            "content-length": str(len(body)), "user-agent": "bench"}.items()])))
-    body_message = ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
-    wire = (headers.SerializeToString(), body_message.SerializeToString())
+    wire = chat_wire(body, TOKEN)
 
     def one() -> None:
-        stream = processor.stream()
-        for raw in wire:  # parse from bytes and serialize the answer, as on the wire
-            response, done = stream.step(ext.ProcessingRequest.FromString(raw))
-            if isinstance(response, BodyAnswer):
-                response.wire_parts()  # body answers are framed from their pieces
-            elif response is not None:
-                response.SerializeToString()
-            if done:
-                break
+        one_request(processor, wire)
 
     for _ in range(min(rounds, 200)):
         one()

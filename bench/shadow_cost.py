@@ -25,12 +25,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from in_process import chat_wire, one_request
 from routing_overhead import chat_body
 
 from sidecar.config.loading import load_config_data
-from sidecar.extproc.messages import BodyAnswer
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
 from sidecar.operations.process import keep_large_buffers_in_heap
@@ -59,37 +57,15 @@ def processor(shadow: bool) -> tuple[ExternalProcessor, Gateway]:
     return ExternalProcessor(gateway), gateway
 
 
-def wire(body: bytes) -> tuple[bytes, bytes]:
-    headers = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=HeaderMap(headers=[
-        HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-            ":path": "/v1/chat/completions", ":method": "POST", ":authority": "bench",
-            "authorization": f"Bearer {TOKEN}", "content-type": "application/json",
-            "content-length": str(len(body)), "user-agent": "bench"}.items()])))
-    message = ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
-    return headers.SerializeToString(), message.SerializeToString()
-
-
-def one(proc: ExternalProcessor, messages: tuple[bytes, bytes]) -> None:
-    stream = proc.stream()
-    for raw in messages:
-        response, done = stream.step(ext.ProcessingRequest.FromString(raw))
-        if isinstance(response, BodyAnswer):
-            response.wire_parts()
-        elif response is not None:
-            response.SerializeToString()
-        if done:
-            break
-
-
 def measure(requests: int, rounds: int) -> dict[str, list[float]]:
     keep_large_buffers_in_heap()
-    messages = wire(chat_body(1024))
+    messages = chat_wire(chat_body(1024), TOKEN)
     plain, _ = processor(False)
     shadowed, gateway = processor(True)
     figures: dict[str, list[float]] = {"without": [], "with": [], "deferred": []}
     for proc in (plain, shadowed):  # warm both
         for _ in range(500):
-            one(proc, messages)
+            one_request(proc, messages)
     assert gateway.shadows is not None
     while gateway.shadows.drain():
         pass
@@ -98,7 +74,7 @@ def measure(requests: int, rounds: int) -> dict[str, list[float]]:
         for name, proc in order if round_ % 2 == 0 else reversed(order):
             started = time.process_time()
             for _ in range(requests):
-                one(proc, messages)
+                one_request(proc, messages)
                 if name == "with" and gateway.shadows.pending >= 4000:
                     break  # never measured: the queue holds a round's offers
             figures[name].append((time.process_time() - started) / requests * 1e6)
