@@ -136,10 +136,7 @@ class Simulation:
         self.member = member
         self.clock = _Clock()
         config = group_config(member, strategy, window)
-        self.store = ObservationStore(retention_seconds=config.observation_retention_seconds,
-                                      slice_seconds=config.observations.slice_seconds,
-                                      refresh_seconds=config.observations.refresh_ms / 1000,
-                                      clock=self.clock)
+        self.store = ObservationStore.for_config(config, self.clock)
         self.router = Router(config, clock=self.clock, wall_clock=self.clock)
         self.fallback = config.models[GROUP].fallback  # the shipped attempt order
         self.profiles = {slot: profile for slot, profile, _ in member.targets}

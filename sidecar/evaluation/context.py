@@ -69,12 +69,8 @@ class ReplayedObservations:
 
     def __init__(self, config: SidecarConfig, clock: ReplayClock,
                  decisions: list[LoggedDecision], attempts: list[FailedAttempt]) -> None:
-        settings = config.observations
         self.clock = clock
-        self.store = ObservationStore(
-            retention_seconds=config.observation_retention_seconds,
-            slice_seconds=settings.slice_seconds, refresh_seconds=settings.refresh_ms / 1000,
-            clock=clock, max_retry_after_s=settings.max_retry_after_seconds)
+        self.store = ObservationStore.for_config(config, clock)
         pending = [_Pending(a.at, n, Observation(a.target, _outcome(a.failure),
                                                  failed_over=True))
                    for n, a in enumerate(attempts)]

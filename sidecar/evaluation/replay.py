@@ -25,6 +25,7 @@ from sidecar.dialects.apis import Dialect
 from sidecar.evaluation.context import ReplayClock, ReplayedObservations, summary_of
 from sidecar.evaluation.estimators import Estimate, Sample, estimate, target_shares
 from sidecar.evaluation.logged import FailedAttempt, LoggedDecision
+from sidecar.evaluation.odds import DRAWN, decision_odds, total_variation
 from sidecar.routing.decision import Decision
 from sidecar.routing.policy_version import policy_version
 from sidecar.routing.router import Router
@@ -50,7 +51,7 @@ class GroupReplay:
     not_evaluated: Counter[str] = field(default_factory=Counter)
     logged_versions: Counter[str] = field(default_factory=Counter)
     candidate_version: str | None = None
-    changed: float = 0.0                 # share of decisions with another primary (_moved)
+    changed: float = 0.0                 # share of decisions with another primary (odds.py)
     pinned: int = 0
     churn: float | None = None           # the same over pinned (affinity hit) turns
     unlogged_mass: float = 0.0           # candidate probability on targets never logged
@@ -165,10 +166,10 @@ class _GroupState:
             report.not_evaluated[REFUSED] += 1
             return
         assert row.selected is not None and row.probability is not None
-        odds = _candidate_odds(outcome)
+        odds = decision_odds(outcome)
         logged = _logged_odds(row)
         propensity = _propensity(row, logged)
-        moved = _moved(logged, odds)
+        moved = total_variation(logged, odds)
         self.changed += moved
         if row.affinity == "hit":
             report.pinned += 1
@@ -212,7 +213,7 @@ class _GroupState:
 def _logged_odds(row: LoggedDecision) -> dict[str, float]:
     """The logging policy's probability of each target for this request: the logged odds,
     or certainty of the logged primary when it chose without chance."""
-    if row.reason in ("blend", "weights", "pin") and row.odds:
+    if row.reason in (*DRAWN, "pin") and row.odds:  # a pin was drawn from these odds
         return row.odds
     return {row.selected or "": 1.0}
 
@@ -227,13 +228,6 @@ def _propensity(row: LoggedDecision, logged: dict[str, float]) -> float:
     return row.probability or 1.0
 
 
-def _moved(logged: dict[str, float], odds: dict[str, float]) -> float:
-    """The share of such decisions whose primary would change: the total variation distance
-    between the logging policy's odds and the candidate's (the least that must move,
-    whatever the draw; 0 for the same policy)."""
-    return 0.5 * sum(abs(logged.get(t, 0.0) - odds.get(t, 0.0)) for t in {*logged, *odds})
-
-
 def _not_evaluable(row: LoggedDecision) -> str | None:
     if not row.strategy:
         return NO_DECISION
@@ -246,13 +240,3 @@ def _not_evaluable(row: LoggedDecision) -> str | None:
     if row.status is None:
         return NO_OUTCOME
     return None
-
-
-def _candidate_odds(decision: Decision) -> dict[str, float]:
-    """The candidate's probability of each target being the primary: its odds, or
-    certainty where it chose without chance (a probe, a failover order, a rule)."""
-    trace = decision.trace
-    selection = trace.selection
-    if selection is not None and selection[1] in ("blend", "weights", "pin") and trace.odds:
-        return dict(trace.odds)
-    return {decision.primary.label: 1.0}

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.config.models import SidecarConfig, Target
+from sidecar.evaluation.odds import decision_odds, total_variation
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.routing.decision import Decision
 from sidecar.routing.observations import ObservationView
@@ -58,17 +59,6 @@ class ShadowTally:
 
     def fresh(self) -> ShadowTally:
         return ShadowTally(self.policy_version, self.shadow_version)
-
-
-def decision_odds(decision: Decision) -> dict[str, float]:
-    """Each target's probability of being this decision's primary: its odds when it drew
-    by shares, certainty of its primary when it chose without chance (a pin, a probe, a
-    declared order, a rule, an external answer)."""
-    trace = decision.trace
-    if trace.selection is not None and trace.selection[1] in ("blend", "weights") and (
-            trace.odds):
-        return dict(trace.odds)
-    return {decision.primary.label: 1.0}
 
 
 def shadow_decider(config: SidecarConfig, observations: ObservationView
@@ -155,8 +145,7 @@ class ShadowDecider:
         targets = self._targets[summary.group]
         policy = group.dynamic_score
         window, basis = policy.observation_window_seconds, policy.latency_basis
-        agreement = 1.0 - 0.5 * sum(abs(live.get(t, 0.0) - shadow.get(t, 0.0))
-                                    for t in {*live, *shadow})
+        agreement = 1.0 - total_variation(live, shadow)
         cost = latency = errors = 0.0
         for label in {*live, *shadow}:
             weight = shadow.get(label, 0.0) - live.get(label, 0.0)

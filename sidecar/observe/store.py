@@ -28,10 +28,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.slice_counts import SliceCounts
 from sidecar.routing.observations import TargetObservations
+
+if TYPE_CHECKING:
+    from sidecar.config.models import SidecarConfig
 
 Clock = Callable[[], float]
 MAX_CACHED = 1024
@@ -88,6 +92,17 @@ class ObservationStore:
         self._max_retry_after = max_retry_after_s
         self._cooling: dict[str, float] = {}
         self._sharing = False  # fleet/observations.py turns it on
+
+    @classmethod
+    def for_config(cls, config: SidecarConfig, clock: Clock = time.monotonic
+                   ) -> ObservationStore:
+        """The store a configuration's `observations` settings describe (the running
+        sidecar's, and a replay's or a simulation's on their own clock)."""
+        settings = config.observations
+        return cls(retention_seconds=config.observation_retention_seconds,
+                   slice_seconds=settings.slice_seconds,
+                   refresh_seconds=settings.refresh_ms / 1000, clock=clock,
+                   max_retry_after_s=settings.max_retry_after_seconds)
 
     @property
     def slice_seconds(self) -> int:

@@ -93,11 +93,7 @@ class RunningSidecar:
 
 
 def observation_store(config: SidecarConfig) -> ObservationStore:
-    settings = config.observations
-    return ObservationStore(retention_seconds=config.observation_retention_seconds,
-                            slice_seconds=settings.slice_seconds,
-                            refresh_seconds=settings.refresh_ms / 1000,
-                            max_retry_after_s=settings.max_retry_after_seconds)
+    return ObservationStore.for_config(config)
 
 
 def longest_request_s(config: SidecarConfig) -> float:

@@ -114,8 +114,8 @@ class Weighted:
         odds = self._odds.get(indices)
         if odds is None:
             odds = self._odds[indices] = weight_odds(eligible)
-        trace.odds = odds
-        trace.chose(dict(odds)[primary.label], "weights")
+        trace.odds = odds  # aligned with `eligible`, so the primary's is at its position
+        trace.chose(odds[indices.index(primary_index)][1], "weights")
         rest = sorted((c for c in eligible if c.index != primary_index),
                       key=lambda c: (-c.target.weight, c.index))
         return [primary, *rest]
