@@ -28,6 +28,20 @@ def target_cluster_name(group: str, index: int, provider: str) -> str:
     return f"target__{_UNSAFE.sub('_', group)}__{index}__{_UNSAFE.sub('_', provider)}"
 
 
+def hedge_listener_name(target_cluster: str) -> str:
+    """The internal listener in front of a target cluster: a hedging pair's endpoint."""
+    return f"{target_cluster}__hedge_in"
+
+
+def hedge_pair_cluster_name(group: str, first: int, second: int) -> str:
+    """The cluster of a hedged decision: the group's target `first` at priority 0, target
+    `second` at priority 1 (docs/hedging.md)."""
+    return f"hedge__{_UNSAFE.sub('_', group)}__{first}__{second}"
+
+
+HEDGE_CLUSTER_PREFIX = "hedge__"
+
+
 def bridge_cluster_name(group: str, index: int, provider: str, caller: str) -> str:
     """The same target, reached from callers of another API through a bridge."""
     return f"{target_cluster_name(group, index, provider)}__from_{caller}"

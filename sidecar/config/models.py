@@ -38,6 +38,7 @@ from sidecar.config.fields import (
     bounded,
 )
 from sidecar.config.fleet import FleetSettings
+from sidecar.config.hedge_policy import HedgePolicy
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
 from sidecar.config.quotas import CallerQuotas, QuotaSettings
 from sidecar.config.service_settings import Limits, Observations, Sessions, Telemetry
@@ -206,6 +207,8 @@ class ModelGroup(StrictModel):
     bridges: bool = False
     # A candidate policy decided beside every live decision, never acted on (shadow.py).
     shadow: ShadowPolicy | None = None
+    # Hedged first tokens (docs/hedging.md); unset: off.
+    hedge: HedgePolicy | None = None
 
     # That `strategy: script` has its `script` block (and `external` its `external`) and that
     # the rules name targets of the group are cross-references (references.py): checked
@@ -218,6 +221,14 @@ class ModelGroup(StrictModel):
             raise ValueError("bridges: true needs routing_policy.dynamic_score.hard_filters."
                              "require_requested_api_skin: false (that filter keeps every "
                              "request on targets of its own API)")
+        return self
+
+    @model_validator(mode="after")
+    def _hedging_needs_two_attempts(self) -> ModelGroup:
+        if self.hedge is not None and (len(self.targets) < 2
+                                       or self.fallback.max_attempts < 2):
+            raise ValueError("hedge needs at least two targets and fallback.max_attempts "
+                             "of 2 or more (the hedge is the decision's second attempt)")
         return self
 
     @model_validator(mode="after")
@@ -366,6 +377,14 @@ class SidecarConfig(StrictModel):
 
     def route_class_name(self, group: str) -> str:
         return self.route_classes[self.models[group].fallback.route_class]
+
+    @cached_property
+    def hedge_route_classes(self) -> dict[RouteClass, str]:
+        """The route classes of hedging groups, by the name of their hedging route (the
+        class's name and `h`): a hedge policy is a route setting, and only the requests a
+        decision hedges take that route (docs/hedging.md)."""
+        return {group.fallback.route_class: self.route_classes[group.fallback.route_class] + "h"
+                for group in self.models.values() if group.hedge is not None}
 
     def deadline_seconds(self, group: ModelGroup) -> float:
         """How long all of a request's attempts together may take in `group`."""

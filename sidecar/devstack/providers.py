@@ -107,6 +107,11 @@ class Behaviour:
     latency_spread: float = 0.0
     tokens_per_s: float | None = None
     reply_words: Callable[[dict[str, Any]], int] | None = None
+    # A slow-start tail (bench/hedging.py): this share of requests, drawn from the seeded
+    # source, waits `slow_start_s` more before anything is sent, as a provider does when a
+    # request queues behind others or lands on a cold replica.
+    slow_start_share: float = 0.0
+    slow_start_s: float = 0.0
 
 
 @dataclass
@@ -201,6 +206,8 @@ class ProviderServer:
         latency = behaviour.latency_s
         if latency and behaviour.latency_spread:
             latency *= provider.rng.lognormvariate(0.0, behaviour.latency_spread)
+        if behaviour.slow_start_share and provider.rng.random() < behaviour.slow_start_share:
+            latency += behaviour.slow_start_s
         if latency:
             await asyncio.sleep(latency)
         if behaviour.reset_connection:

@@ -139,8 +139,11 @@ def attempt_order_specifier() -> dict:
 
 
 def add_attempt_order(document: dict) -> dict:
-    """Put the specifier on every route of the rendered bootstrap (a dict)."""
+    """Put the specifier on every route of the client listener of the rendered bootstrap
+    (a dict); the internal listeners of hedging (hedging.py) each lead to one cluster."""
     for listener in document["static_resources"]["listeners"]:
+        if "internal_listener" in listener:
+            continue
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:
                 manager = network_filter["typed_config"]

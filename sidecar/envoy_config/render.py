@@ -97,6 +97,13 @@ from sidecar.envoy_config.fallback import (
     request_only_mode,
     target_circuit_breakers,
 )
+from sidecar.envoy_config.hedging import (
+    hedge_listener,
+    hedging_targets,
+    internal_listener_extension,
+    pair_cluster,
+    target_clusters_of_hedging_groups,
+)
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
 from sidecar.envoy_config.readiness import readiness_filter, sidecar_health_check
@@ -188,13 +195,21 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
     clusters = [_ext_proc_cluster(addresses.ext_proc), no_target_cluster()]
     if with_targets:
         clusters += [build(name) for name, _, build in target_clusters(config, addresses)]
+    listeners = [_listener(config, addresses.listen)]
+    hedged = hedging_targets(config)
+    if hedged:  # docs/hedging.md
+        cleared = credential_headers(config)
+        clusters += [pair_cluster(config, *pair, cleared) for pair in hedged]
+        listeners += [hedge_listener(cluster)
+                      for cluster in target_clusters_of_hedging_groups(config)]
     return Bootstrap(
+        bootstrap_extensions=[internal_listener_extension()] if hedged else [],
         overload_manager=_overload_manager(config),
         # File-based SDS (the provider keys) needs the node to have a name.
         node=Node(id="model-group-sidecar", cluster="model-group-sidecar"),
         admin=Admin(address=_address(addresses.admin)),
         static_resources=BootstrapStaticResources(
-            listeners=[_listener(config, addresses.listen)], clusters=clusters
+            listeners=listeners, clusters=clusters
         ),
     )
 

@@ -15,21 +15,30 @@ from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 
 from sidecar.config.models import DEFAULT_ROUTE_CLASS, RouteClass, SidecarConfig
 from sidecar.envoy_config.fallback import retry_policy
+from sidecar.envoy_config.hedging import HEDGE_ON_PER_TRY_TIMEOUT, hedge_retry_priority
 from sidecar.envoy_contract import ROUTE_CLASS_HEADER
 
 
 def model_group_routes(config: SidecarConfig) -> list[Route]:
+    """Named route classes, then their hedging routes (hedging.py), the catch-all last."""
     routes = [_route(config, route_class, name)
               for route_class, name in config.route_classes.items() if name]
+    routes += [_route(config, route_class, name, hedged=True)
+               for route_class, name in config.hedge_route_classes.items()]
     routes.append(_route(config, DEFAULT_ROUTE_CLASS, ""))
     return routes
 
 
-def _route(config: SidecarConfig, route_class: RouteClass, name: str) -> Route:
+def _route(config: SidecarConfig, route_class: RouteClass, name: str,
+           hedged: bool = False) -> Route:
     """The route of one route class: the catch-all (`name` "") or the one the decision
     picks with ROUTE_CLASS_HEADER. The idle timeout and the rate-limited retry back-off
-    are route settings Envoy takes from no request header."""
+    are route settings Envoy takes from no request header. `hedged`: the class's route
+    for the requests a decision hedges (docs/hedging.md)."""
     limits = config.limits
+    retries = retry_policy(config, route_class.rate_limit_wait_s)
+    if hedged:
+        retries.retry_priority = hedge_retry_priority()
     return Route(
         match=RouteMatch(prefix="/", headers=[HeaderMatcher(
             name=ROUTE_CLASS_HEADER, string_match=StringMatcher(exact=name))]
@@ -38,7 +47,8 @@ def _route(config: SidecarConfig, route_class: RouteClass, name: str) -> Route:
             timeout=timedelta(seconds=limits.request_timeout_seconds),
             idle_timeout=timedelta(seconds=route_class.idle_timeout_s),
             auto_host_rewrite=True,
-            retry_policy=retry_policy(config, route_class.rate_limit_wait_s),
+            retry_policy=retries,
+            hedge_policy=HEDGE_ON_PER_TRY_TIMEOUT if hedged else None,
         ),
         # Also the retry buffer: a retry resends the buffered body.
         request_body_buffer_limit=limits.max_request_body_bytes,

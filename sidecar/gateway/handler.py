@@ -35,6 +35,7 @@ from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
 from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_guard
+from sidecar.gateway.hedging import Hedges
 from sidecar.gateway.outcome import Ask, Forward, LeaseWait, Reply, Retarget, body_size
 from sidecar.gateway.pending import Pending
 from sidecar.gateway.retarget import (
@@ -91,6 +92,8 @@ class Gateway:
         self.sessions = SessionStore(sessions.ttl_seconds, sessions.max_entries)
         # Groups' shadow policies, decided off the decision path (evaluation/shadow.py).
         self.shadows = shadow_decider(runtime.config, observations)
+        # Hedging groups' budgets and deadlines (gateway/hedging.py).
+        self.hedges = Hedges(runtime.config)
         # Deciders a reload replaced, until the shadow loop has drained and rolled them up.
         self.retired_shadows: list[ShadowDecider] = []
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
@@ -112,6 +115,7 @@ class Gateway:
         if self.shadows is not None:
             self.retired_shadows = [*self.retired_shadows, self.shadows][-RETIRED_KEPT:]
         self.shadows = shadow_decider(runtime.config, self._observations)
+        self.hedges = Hedges(runtime.config)
 
     @property
     def forwarded_headers(self) -> frozenset[str]:
@@ -274,6 +278,11 @@ class Gateway:
         chosen = [cache_routes.get((model, choice.index, pending.dialect))
                   or routes[(model, choice.index, pending.dialect)] for choice in ordered]
         attempts = tuple(target.cluster for target in chosen)
+        hedge = (self.hedges.plan(runtime, model, decision.ordered, pending.dialect,
+                                  summary.stream, self._observations)
+                 if model in self.hedges and not stateful and not slot else None)
+        if hedge is not None:  # docs/hedging.md
+            attempts = (hedge.cluster, hedge.cluster)
         route = chosen[0]
         # A Chat stream's usage is not left to the caller: asked for here, and taken back
         # out of its stream by Envoy (envoy_config/unasked_usage.py).
@@ -285,8 +294,9 @@ class Gateway:
             ("content-length", str(body_size(new_body))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
-            *(runtime.stream_attempt_headers if summary.stream else runtime.attempt_headers)[
-                model],
+            *(hedge.headers if hedge is not None else (
+                runtime.stream_attempt_headers if summary.stream else runtime.attempt_headers)[
+                model]),
             (GENERATION_HEADER, runtime.generation),
         ]
         if anthropic and not pending.has_anthropic_version:

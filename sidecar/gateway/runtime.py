@@ -20,7 +20,13 @@ from sidecar.config.models import Caller, SidecarConfig, Target
 from sidecar.config.references import config_view
 from sidecar.config.secrets import caller_digests, unreadable_provider_keys
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import ROUTE_CLASS_HEADER, bridge_cluster_name, target_cluster_name
+from sidecar.envoy_contract import (
+    ROUTE_CLASS_HEADER,
+    bridge_cluster_name,
+    hedge_listener_name,
+    hedge_pair_cluster_name,
+    target_cluster_name,
+)
 from sidecar.gateway.scan import scan_limit
 from sidecar.header_policy import (
     answer_varying_headers,
@@ -150,6 +156,8 @@ class Runtime:
                     self.cluster_routes[(cluster, dialect)] = route
                 self._add_processed(config, group_name, index, target, group.bridges,
                                     group.caches_responses)
+            if group.hedge is not None:
+                self._add_hedging(config, group_name)
         self.forwarded_headers = forwarded_request_headers(config)
         self.varying_headers = answer_varying_headers(config)
         # Envoy withholds these from the retry hook (forward_rules); seeing one means the
@@ -158,6 +166,24 @@ class Runtime:
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
         self.stream_attempt_headers = {name: stream_attempt_headers(config, name)
                                        for name in config.models}
+
+    def _add_hedging(self, config: SidecarConfig, group_name: str) -> None:
+        """A hedging group's internal listeners name their targets in the access log (a
+        pair cluster's entries carry the listener that served), and a pair cluster's
+        second attempt is retargeted for its second target (docs/hedging.md)."""
+        group = config.models[group_name]
+        for index, target in enumerate(group.targets):
+            listener = hedge_listener_name(target_cluster_name(group_name, index, target.provider))
+            self.cluster_targets[listener] = f"{target.provider}/{target.model_ref}"
+            self.cluster_groups[listener] = group_name
+            for second in range(len(group.targets)):
+                if second == index:
+                    continue
+                pair = hedge_pair_cluster_name(group_name, second, index)
+                self.cluster_groups[pair] = group_name
+                for dialect in config.target_dialects(target):
+                    self.cluster_routes[(pair, dialect)] = self.routes[(group_name, index,
+                                                                        dialect)]
 
     def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
                        target: Target, bridges: bool, cached: bool) -> None:

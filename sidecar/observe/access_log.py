@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     CONTEXT_RETRY_HEADER,
+    HEDGE_CLUSTER_PREFIX,
     USAGE_KEY,
     USAGE_NAMESPACE,
 )
@@ -99,6 +100,16 @@ def _numbers(fields: Mapping[str, struct_pb2.Value]) -> dict[str, float]:
             if value.WhichOneof("kind") == "number_value"}
 
 
+def served_by(common: al.AccessLogCommon) -> str:
+    """The cluster (or listener) that names the target: a hedging pair cluster holds two
+    targets, and its entries name the internal listener of the one that served
+    (docs/hedging.md)."""
+    address = common.upstream_remote_address
+    if address.HasField("envoy_internal_address"):
+        return address.envoy_internal_address.server_listener_name
+    return common.upstream_cluster
+
+
 # Statuses whose `retry-after` (or a provider's reset headers) says when to call again.
 _ASKS_TO_WAIT = frozenset({429, 503, 529})
 
@@ -113,7 +124,7 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     them (the sidecar's own replies, cache hits, other routes) are not observations, nor
     replies that Envoy itself failed to pass on."""
     common = entry.common_properties
-    target = targets.get(common.upstream_cluster)
+    target = targets.get(served_by(common))
     if (target is None or common.response_flags.response_from_cache_filter
             or entry.response.response_code_details in _GATEWAY_FAILURES):
         return None
@@ -164,7 +175,7 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
     return RequestResult(
         request_id=entry.request.request_id,
         status=status,
-        serving_target=targets.get(common.upstream_cluster),
+        serving_target=targets.get(served_by(common)),
         attempts=common.upstream_request_attempt_count,
         error_class=outcome_of(common.response_flags, status,
                                answered_stream(entry, usage_keys)).value,
@@ -181,17 +192,28 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
                groups: Mapping[str, str]) -> Attempt | None:
     """One attempt from the router's per-attempt log; None for clusters that are no target."""
     common = entry.common_properties
-    target = targets.get(common.upstream_cluster)
+    key = served_by(common)
+    target = targets.get(key)
     if target is None:
         return None
     status = entry.response.response_code.value
-    outcome = outcome_of(common.response_flags, status)
+    flags = common.response_flags
+    hedged = common.upstream_cluster.startswith(HEDGE_CLUSTER_PREFIX)
+    if hedged and flags.upstream_request_timeout:
+        # In a hedged request the per-try timeout is the hedge's start, not a failure:
+        # the attempt keeps running (only the request's deadline ends it).
+        flags = al.ResponseFlags()
+        flags.CopyFrom(common.response_flags)
+        flags.upstream_request_timeout = False
+    outcome = outcome_of(flags, status)
+    if hedged and status == 0 and outcome is Outcome.OK:
+        outcome = Outcome.HEDGED_OUT  # cancelled: the other attempt answered first
     if outcome is Outcome.CLIENT_ERROR and (
             CONTEXT_RETRY_HEADER in entry.response.response_headers):
         outcome = Outcome.CONTEXT_WINDOW  # retried on the next target (upstream_errors.py)
     return Attempt(
         request_id=entry.request.request_id,
-        group=groups.get(common.upstream_cluster, ""),
+        group=groups.get(key, ""),
         target=target,
         outcome=outcome,
         duration_ms=_ms(common.duration),
@@ -202,6 +224,10 @@ class TelemetrySink(Protocol):
     def finished(self, result: RequestResult) -> None: ...
 
     def fallback(self, transition: Transition) -> None: ...
+
+
+class HedgeSink(Protocol):
+    def ended(self, cluster: str, attempts: int, served_by: str | None) -> None: ...
 
 
 class FanOut:
@@ -226,17 +252,20 @@ class AccessLogReceiver:
     def __init__(self, store: ObservationStore, targets: Mapping[str, str],
                  groups: Mapping[str, str] | None = None,
                  attempt_window_s: float = 3600.0, telemetry: TelemetrySink | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 hedges: Callable[[], HedgeSink] | None = None) -> None:
         """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
         the model group; `attempt_window_s` is the longest a request's attempts can span;
         `telemetry` receives every request's result and every fallback transition;
-        `wall_clock` reads the rate-limit headers that name a moment."""
+        `wall_clock` reads the rate-limit headers that name a moment; `hedges` gives the
+        current hedge budgets the end of each hedged request (gateway/hedging.py)."""
         self._store = store
         self._wall_clock = wall_clock
         self._targets = targets
         self._groups = groups or {}
         self._attempts = AttemptTracker(max_age_s=attempt_window_s)
         self._telemetry = telemetry
+        self._hedges = hedges
 
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
@@ -261,12 +290,23 @@ class AccessLogReceiver:
         observation = observation_of(entry, self._targets)
         if observation is not None:
             self._store.record(observation)
+        cluster = entry.common_properties.upstream_cluster
+        hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
+        if self._telemetry is None and not hedged:
+            return
+        result = result_of(entry, self._targets)
         if self._telemetry is not None:
-            self._telemetry.finished(result_of(entry, self._targets))
+            self._telemetry.finished(result)
+        if hedged:
+            self._hedges().ended(cluster, result.attempts, result.serving_target)
 
     def _attempt(self, entry: al.HTTPAccessLogEntry) -> None:
         attempt = attempt_of(entry, self._targets, self._groups)
         if attempt is None:
+            return
+        if attempt.outcome is Outcome.HEDGED_OUT:
+            self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
+                                           ttfb_ms=attempt.duration_ms))
             return
         if entry.response.response_code.value in _ASKS_TO_WAIT:
             wait = requested_wait_s(entry.response.response_headers, self._wall_clock())

@@ -26,6 +26,8 @@ class Outcome(StrEnum):
     CLIENT_CANCEL = "client_cancel"        # the caller went away first
     CONTEXT_WINDOW = "context_window"      # a 400 refusing the prompt as too long for the
     #                                        target's window; another target may take it
+    HEDGED_OUT = "hedged_out"              # cancelled unanswered: the other attempt of a
+    #                                        hedged request answered first (docs/hedging.md)
 
     @property
     def is_error(self) -> bool:

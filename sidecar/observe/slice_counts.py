@@ -44,7 +44,10 @@ class SliceCounts:
         self.count += 1
         self.outcomes[observation.outcome] = self.outcomes.get(observation.outcome, 0) + 1
         self.failed_over += int(observation.failed_over)
-        if observation.outcome is Outcome.OK:
+        if observation.outcome is Outcome.HEDGED_OUT and observation.ttfb_ms is not None:
+            # Cancelled before its first byte: it would have taken at least this long.
+            self.ttfb.add(observation.ttfb_ms)
+        elif observation.outcome is Outcome.OK:
             if observation.latency_ms is not None:
                 self.latency.add(observation.latency_ms)
             if observation.ttfb_ms is not None:

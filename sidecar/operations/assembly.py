@@ -20,6 +20,7 @@ from sidecar.extproc.server import start_server
 from sidecar.fleet.assembly import fleet_channel
 from sidecar.fleet.channel import FleetChannel
 from sidecar.gateway import Gateway, Runtime
+from sidecar.gateway.hedging import add_hedge_metrics
 from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.observe.access_log import AccessLogReceiver, FanOut
@@ -144,7 +145,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     sinks = [sink for sink in (telemetry, quotas.ledger) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
-                                  telemetry=FanOut(sinks))
+                                  telemetry=FanOut(sinks), hedges=lambda: gateway.hedges)
                 if enabled else None)
     processor = ExternalProcessor(gateway)
     auth = ChannelAuth(channel_token) if channel_token is not None else None
@@ -162,6 +163,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     metrics.add_handling_times(processor.handling)
     add_routing_metrics(metrics, gateway)
     add_shadow_metrics(metrics, lambda: gateway.shadows)
+    add_hedge_metrics(metrics, lambda: gateway.hedges)
     shadows = ShadowLoop(lambda: gateway.shadows,
                          telemetry.shadow if telemetry is not None else None,
                          lambda: gateway.retired_shadows)

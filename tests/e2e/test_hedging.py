@@ -1,0 +1,123 @@
+"""Hedged first tokens through real Envoy (issue #31, docs/hedging.md): a failover group
+[slow, fast] with `hedge`. The slow primary's request keeps running while a hedge goes to
+the second target at the deadline; the first to answer is served, with the second
+target's model and key; the loser is cancelled and observed as `hedged_out`, not as a
+failure. A primary that answers in time is served alone; one that fails goes to the second
+target through the same pair; the budget stops hedging when its tokens are spent."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from sidecar.devstack.harness import keyed_stack
+from sidecar.devstack.providers import Behaviour, FakeProvider
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "hedge-caller-token"
+KEYS = {"slow": "key-slow", "fast": "key-fast"}
+CONFIG = """\
+providers:
+  slow: {{base_url: '{slow}', credential: {{env: KEY_SLOW}}}}
+  fast: {{base_url: '{fast}', credential: {{env: KEY_FAST}}}}
+callers: [{{name: team, token_sha256: {digest}}}]
+observations: {{flush_interval_ms: 20, refresh_ms: 10}}
+models:
+  agent:
+    strategy: failover
+    targets:
+      - {{provider: slow, model_ref: s}}
+      - {{provider: fast, model_ref: f}}
+    fallback: {{per_try_timeout_seconds: 30}}
+    hedge: {{max_deadline_seconds: 0.4, burst: {burst}, budget_percent: 1}}
+"""
+SLOW_S = 3.0
+
+
+def metric(text: str, name: str) -> float:
+    line = next((line for line in text.splitlines()
+                 if line.startswith(f'sidecar_{name}_total{{group="agent"}}')), None)
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
+def metrics_when(up, ready) -> str:
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/metrics", timeout=5).text
+        if ready(text):
+            return text
+        assert time.monotonic() < deadline, "the access log never settled the hedges"
+        time.sleep(0.05)
+
+
+def stack(tmp_path: Path, slow: Behaviour, burst: int = 20):
+    fakes = [FakeProvider("slow", api_key=KEYS["slow"], behaviour=slow),
+             FakeProvider("fast", api_key=KEYS["fast"], behaviour=Behaviour(latency_s=0.05))]
+    return keyed_stack(tmp_path, fakes, lambda providers: CONFIG.format(
+        slow=providers.base_url("slow"), fast=providers.base_url("fast"), burst=burst,
+        digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS)
+
+
+def ask(client: openai.OpenAI, n: int, stream: bool = False) -> tuple[str, float]:
+    started = time.monotonic()
+    messages = [{"role": "user", "content": f"question {n}"}]
+    if stream:
+        chunks = list(client.chat.completions.create(model="agent", messages=messages,
+                                                     stream=True))
+        model = next(chunk.model for chunk in chunks if chunk.model)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        model = client.chat.completions.create(model="agent", messages=messages).model
+    return model, time.monotonic() - started
+
+
+def test_a_slow_primary_is_hedged_and_the_first_answer_wins(tmp_path: Path) -> None:
+    with stack(tmp_path, Behaviour(latency_s=SLOW_S)) as (up, providers):
+        client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        for n, streamed in enumerate((False, True, False)):
+            model, took = ask(client, n, streamed)
+            # The fast target's answer, with its model (retargeted) and key (else a 401).
+            assert model == "f"
+            assert 0.35 < took < SLOW_S - 1.0, took
+        slow, fast = providers.provider("slow"), providers.provider("fast")
+        assert len(slow.received) == 3 and len(fast.received) == 3
+        assert all(r.json()["model"] == "f" for r in fast.received)
+        text = metrics_when(up, lambda t: metric(t, "hedge_second_won") >= 3)
+        assert metric(text, "hedge_hedged") == 3 and metric(text, "hedge_second_attempts") == 3
+        # The slow target's cancelled attempts are no failures: no error rate, and its
+        # time to first byte is at least the deadline.
+        seen = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/observations?format=json",
+                         timeout=5).json()["targets"]["slow/s"]
+        assert seen["outcomes"] == {"hedged_out": 3} and seen["error_rate"] == 0.0
+        assert seen["p95_ttfb_ms"] >= 400
+
+
+def test_a_primary_in_time_is_served_alone_and_a_failing_one_by_the_pair(
+        tmp_path: Path) -> None:
+    with stack(tmp_path, Behaviour(latency_s=0.05)) as (up, providers):
+        client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        assert [ask(client, n)[0] for n in range(4)] == ["s"] * 4
+        assert len(providers.provider("fast").received) == 0
+        text = metrics_when(up, lambda t: metric(t, "hedge_hedged") == 4)
+        assert metric(text, "hedge_second_attempts") == 0
+        providers.provider("slow").behaviour = Behaviour(status=503)
+        assert ask(client, 9)[0] == "f"
+        metrics_when(up, lambda t: metric(t, "hedge_second_attempts") == 1)
+
+
+def test_the_budget_bounds_the_hedges(tmp_path: Path) -> None:
+    with stack(tmp_path, Behaviour(latency_s=1.0), burst=2) as (up, providers):
+        client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        served = [ask(client, n) for n in range(4)]
+        # Two tokens: two hedges answered by the fast target; then, with 1 % of a token a
+        # decision, none left: the slow primary serves, unhedged.
+        assert [model for model, _ in served] == ["f", "f", "s", "s"]
+        assert all(took >= 1.0 for _, took in served[2:])
+        text = metrics_when(up, lambda t: metric(t, "hedge_no_budget") == 2)
+        assert metric(text, "hedge_hedged") == 2
