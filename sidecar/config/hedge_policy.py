@@ -24,6 +24,9 @@ class HedgePolicy(StrictModel):
     # window (`dynamic_score.observation_window_seconds`), within these bounds; with fewer
     # than `dynamic_score.min_observations` it is max_deadline_seconds.
     min_deadline_ms: Annotated[PositiveInt, bounded(1, 3_600_000)] = 200
+    # ... and at most this many times its median: a slow tail of about 5 % of requests
+    # pulls the p95 into itself, and a deadline inside the tail hedges none of it.
+    max_over_median: Annotated[PositiveFloat, bounded(1, 1_000)] = 4.0
     max_deadline_seconds: Annotated[PositiveFloat, bounded(0.001, 3_600)] = 10.0
 
     @model_validator(mode="after")

@@ -1,14 +1,19 @@
 """Which decisions hedge, with what deadline, within what budget (docs/hedging.md).
 
 A hedging group's decision hedges when its first two targets are distinct native routes
-and the group's bucket has a token. The bucket fills by `budget_percent` of a token per
-decision of the group, up to `burst`; a hedging decision takes one, and gets it back when
-its request ended on one upstream request (the access log says so). Extra upstream
-requests are therefore at most the budget's share of the group's requests plus `burst`,
-whatever the targets do — a target that turns slow cannot double the load on the others.
+and the group's bucket has a token. The bucket starts empty and fills by `budget_percent`
+of a token per such decision, up to `burst`; a hedging decision takes one, and gets it
+back when its request ended on one upstream request (the access log says so). Tokens are
+only ever made by decisions, so the extra upstream requests never exceed the budget's
+share of the group's decisions, whatever the targets do — a target that turns slow
+cannot double the load on the others. While hedges fire less often than the budget
+allows, the unspent share piles up (to `burst`) as the float that decisions in flight
+hold, so at steady state every decision can hedge.
 
-The deadline is the primary's rolling p95 time to first byte within the group's bounds:
-about one request in twenty of a steady target reaches it.
+The deadline is the primary's rolling p95 time to first byte, at most `max_over_median`
+times its median, within the group's bounds: about one request in twenty of a steady
+target reaches it. The cap is for a target with a slow tail of about that share: the p95
+then falls inside the tail, and a deadline there would hedge none of it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ class _Bucket:
     def __init__(self, policy: HedgePolicy) -> None:
         self.share = policy.budget_percent / 100
         self.size = float(policy.burst)
-        self.tokens = self.size
+        # Empty at first: every token is earned by decisions, so hedges never exceed the
+        # budget's share; the unspent part becomes the float in-flight hedges hold.
+        self.tokens = 0.0
 
     def fill(self) -> None:
         self.tokens = min(self.size, self.tokens + self.share)
@@ -128,7 +135,10 @@ class Hedges:
         highest = policy.max_deadline_seconds * 1000
         if observed.count < needed or observed.p95_ttfb_ms is None:
             return round(highest)
-        return round(min(highest, max(policy.min_deadline_ms, observed.p95_ttfb_ms)))
+        deadline = observed.p95_ttfb_ms
+        if observed.p50_ttfb_ms is not None:
+            deadline = min(deadline, observed.p50_ttfb_ms * policy.max_over_median)
+        return round(min(highest, max(policy.min_deadline_ms, deadline)))
 
     def ended(self, cluster: str, attempts: int, served_by: str | None) -> None:
         """A request of a pair cluster ended (the access log's entry): on one upstream

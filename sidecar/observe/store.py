@@ -317,6 +317,7 @@ def _figures(counts: SliceCounts) -> TargetObservations:
         count=total,
         p95_latency_ms=counts.latency.percentile(0.95),
         p95_ttfb_ms=counts.ttfb.percentile(0.95),
+        p50_ttfb_ms=counts.ttfb.percentile(0.5),
         p95_ms_per_output_token=counts.per_token.percentile(0.95),
         p95_work_ms=counts.work.percentile(0.95),
         output_tokens_per_s=(counts.tokens / counts.token_seconds

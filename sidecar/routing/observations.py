@@ -33,6 +33,8 @@ class TargetObservations:
     count: int = 0
     p95_latency_ms: float | None = None
     p95_ttfb_ms: float | None = None
+    # The median time to first byte: hedging's deadline is bounded by a multiple of it.
+    p50_ttfb_ms: float | None = None
     p95_ms_per_output_token: float | None = None
     # The p95 of each reply's time on equal work (observe/records.py, Observation.work_ms).
     p95_work_ms: float | None = None

@@ -20,7 +20,10 @@ VERSION_DIGITS = 12
 
 
 def policy_version(group: ModelGroup) -> str:
-    """A `shadow` block is not part of the live policy (it decides nothing live)."""
-    canonical = json.dumps(group.model_dump(mode="json", exclude={"shadow"}), sort_keys=True,
+    """A `shadow` block is not part of the live policy (it decides nothing live). Blocks
+    added since versions were first given (`hedge`) count only when set, so a group that
+    does not use them keeps its version across the upgrade."""
+    left_out = {"shadow"} | ({"hedge"} if group.hedge is None else set())
+    canonical = json.dumps(group.model_dump(mode="json", exclude=left_out), sort_keys=True,
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:VERSION_DIGITS]

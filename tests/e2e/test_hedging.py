@@ -34,8 +34,8 @@ models:
     targets:
       - {{provider: slow, model_ref: s}}
       - {{provider: fast, model_ref: f}}
-    fallback: {{per_try_timeout_seconds: 30}}
-    hedge: {{max_deadline_seconds: 0.4, burst: {burst}, budget_percent: 1}}
+    fallback: {{per_try_timeout_seconds: 30{gate}}}
+    hedge: {{max_deadline_seconds: 0.4, burst: {burst}, budget_percent: {budget}}}
 """
 SLOW_S = 3.0
 
@@ -56,11 +56,14 @@ def metrics_when(up, ready) -> str:
         time.sleep(0.05)
 
 
-def stack(tmp_path: Path, slow: Behaviour, burst: int = 20):
+def stack(tmp_path: Path, slow: Behaviour, budget: int = 100, burst: int = 20,
+          gate: bool = False):
     fakes = [FakeProvider("slow", api_key=KEYS["slow"], behaviour=slow),
              FakeProvider("fast", api_key=KEYS["fast"], behaviour=Behaviour(latency_s=0.05))]
     return keyed_stack(tmp_path, fakes, lambda providers: CONFIG.format(
         slow=providers.base_url("slow"), fast=providers.base_url("fast"), burst=burst,
+        budget=budget,
+        gate=", commit_at_first_event: true" if gate else "",
         digest=hashlib.sha256(TOKEN.encode()).hexdigest()), KEYS)
 
 
@@ -112,12 +115,29 @@ def test_a_primary_in_time_is_served_alone_and_a_failing_one_by_the_pair(
 
 
 def test_the_budget_bounds_the_hedges(tmp_path: Path) -> None:
-    with stack(tmp_path, Behaviour(latency_s=1.0), burst=2) as (up, providers):
+    with stack(tmp_path, Behaviour(latency_s=1.0), budget=50, burst=1) as (up, _):
         client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
         served = [ask(client, n) for n in range(4)]
-        # Two tokens: two hedges answered by the fast target; then, with 1 % of a token a
-        # decision, none left: the slow primary serves, unhedged.
-        assert [model for model, _ in served] == ["f", "f", "s", "s"]
-        assert all(took >= 1.0 for _, took in served[2:])
-        text = metrics_when(up, lambda t: metric(t, "hedge_no_budget") == 2)
-        assert metric(text, "hedge_hedged") == 2
+        # Half a token a decision, the bucket empty at first, a spent hedge not given back:
+        # every other request hedges; the others wait for the slow primary.
+        assert [model for model, _ in served] == ["s", "f", "s", "f"]
+        assert served[0][1] >= 1.0 and served[2][1] >= 1.0
+        text = metrics_when(up, lambda t: metric(t, "hedge_second_won") == 2)
+        assert metric(text, "hedge_hedged") == 2 and metric(text, "hedge_no_budget") == 2
+
+
+def test_with_the_reply_gate_a_stream_races_to_its_first_event(tmp_path: Path) -> None:
+    """The slow target sends its headers at once and its first event late: only the gate
+    (`commit_at_first_event`) holds the headers until the first event, so the hedge still
+    starts at the deadline and the fast target's first event wins."""
+    slow = Behaviour(first_event_delay_s=SLOW_S)
+    with stack(tmp_path, slow, gate=True) as (up, providers):
+        client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        model, took = ask(client, 1, stream=True)
+        assert model == "f" and 0.35 < took < SLOW_S - 1.0, took
+        metrics_when(up, lambda t: metric(t, "hedge_second_won") == 1)
+        # The loser was cancelled: its connection is gone when it sends its first event.
+        deadline = time.monotonic() + SLOW_S + 5
+        while providers.provider("slow").cancelled < 1:
+            assert time.monotonic() < deadline, "the slow attempt was never cancelled"
+            time.sleep(0.05)

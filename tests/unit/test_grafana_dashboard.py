@@ -45,6 +45,7 @@ ENVOY_METRICS = frozenset({
 # Families the sidecar exposes that the dashboard leaves out on purpose.
 NOT_CHARTED = frozenset({
     "sidecar_grpc_idle_closed",  # GOAWAY after the idle timeout: normal churn
+    "sidecar_hedge_decisions_total",  # hedged + no budget, both charted
 })
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
