@@ -179,9 +179,12 @@ class Simulation:
                  for c in self.fallback.attempt_order(decision.ordered)]
         context = (job, turn, start, order[0], trace.complexity, forced,
                    trace.probe is not None, prompt)
-        self.attempt(order, 0, context)
+        self.attempt(order, 0, context, self.fallback.retries_lone_target(
+            len(decision.ordered)))
 
-    def attempt(self, order: list[str], index: int, context: tuple) -> None:
+    def attempt(self, order: list[str], index: int, context: tuple, lone: bool) -> None:
+        """`lone`: a decision of one target, on Envoy's route that retries it only after
+        a failure of the provider's own (envoy_config/fallback.py, LONE_RETRY_ON)."""
         slot = order[index]
         profile = self.profiles[slot]
         job = context[0]
@@ -191,7 +194,8 @@ class Simulation:
 
         def done() -> None:
             failed = outcome is not Outcome.OK
-            more = failed and index + 1 < len(order)
+            more = failed and index + 1 < len(order) and not (
+                lone and outcome is Outcome.RATE_LIMITED)
             if retry_after:
                 self.store.rate_limited(f"{slot}/{profile.kind}", retry_after)
             upstream_ms = 1000 * duration
@@ -201,7 +205,7 @@ class Simulation:
                 output_tokens=None if failed else tokens, streamed=job.stream,
                 failed_over=more))
             if more:
-                self.attempt(order, index + 1, context)
+                self.attempt(order, index + 1, context, lone)
                 return
             _, turn, start, primary, complexity, forced, probe, prompt = context
             cost = 0.0 if failed else (len(prompt) / 4 * profile.input_per_mtok

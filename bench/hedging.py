@@ -116,7 +116,8 @@ def main() -> int:
         f"later; second target ~150 ms, no tail. {args.requests - args.warm_up} streamed "
         f"requests counted per run (after {args.warm_up} of warm-up), concurrency "
         f"{args.concurrency}, through real Envoy; hedge policy: the defaults "
-        "(budget 5 %, burst 20, deadline = primary's TTFB p95 ≤ 4× its median).", "",
+        "(budget 5 % of the group's decisions, burst 20, deadline = the primary's TTFB p95, "
+        "at most 4× its median).", "",
         "| seed | p50 off | p50 on | p95 off | p95 on | p99 off | p99 on | p99 on/off "
         "| extra upstream requests |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -128,7 +129,8 @@ def main() -> int:
     ratio = statistics.median(on["p99"] / off["p99"] for _, off, on in rows)
     worst_extra = max(on["extra"] for _, _, on in rows)
     lines += ["", f"Median p99 on/off: {ratio:.2f}× (goal ≤ 0.50×); largest extra upstream "
-              f"requests: {worst_extra:.1%} (budget 5 % plus the burst of 20 tokens)."]
+              f"requests: {worst_extra:.1%} (goal: within the budget, 5 %; counted over the "
+              "measured requests, the budget's tokens over all of them)."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

@@ -104,15 +104,25 @@ class Fallback(StrictModel):
         times in a row, `max_attempts` in all. A decision of several targets but fewer
         attempts than that goes round them again for the attempts left, so one target's
         one-off failure after another's is retried, not answered (issue #31: with
-        `max_attempts: 3`, [A, B] is A, B, A). A decision of one target is left to
-        `retry_same_target`: retrying a lone provider that just answered 429 only adds
-        load it asked not to get."""
+        `max_attempts: 3`, [A, B] is A, B, A). A decision of one target gets a second
+        attempt at it (`retries_lone_target`), on a route that retries only a failure of
+        the provider's own (5xx, reset, no connection): retrying a lone provider that just
+        answered 429 would only add load it asked not to get."""
         repeated = [target for target in targets for _ in range(self.retry_same_target + 1)]
+        if self.retries_lone_target(len(targets)):
+            return [targets[0], targets[0]]
         if len(targets) < 2:
             return repeated[:self.max_attempts]
         while len(repeated) < self.max_attempts:
             repeated += repeated[:self.max_attempts - len(repeated)]
         return repeated[:self.max_attempts]
+
+    def retries_lone_target(self, targets: int) -> bool:
+        """A decision of one target, in a group that allows a second attempt and does not
+        say how to retry the same target itself: one more try at it after a 5xx, a reset
+        or no connection (issue #31: a quality floor that leaves one target turned its
+        one-off 500s into client errors; the SDKs retry those too)."""
+        return targets == 1 and self.retry_same_target == 0 and self.max_attempts >= 2
 
     @property
     def first_event_wait_seconds(self) -> float:

@@ -379,6 +379,13 @@ class SidecarConfig(StrictModel):
         return self.route_classes[self.models[group].fallback.route_class]
 
     @cached_property
+    def lone_route_classes(self) -> dict[RouteClass, str]:
+        """Each route class by the name of its route for decisions of one target (the
+        class's name and `s`): the second attempt at the lone target follows a 5xx, a
+        reset or no connection only, never a 429 (Fallback.retries_lone_target)."""
+        return {route_class: name + "s" for route_class, name in self.route_classes.items()}
+
+    @cached_property
     def hedge_route_classes(self) -> dict[RouteClass, str]:
         """The route classes of hedging groups, by the name of their hedging route (the
         class's name and `h`): a hedge policy is a route setting, and only the requests a

@@ -105,6 +105,17 @@ def target_circuit_breakers() -> CircuitBreakers:
         max_requests=MAX_IN_FLIGHT, max_retries=MAX_IN_FLIGHT)])
 
 
+# A lone target's second attempt: only after a failure of the provider's own.
+LONE_RETRY_ON = "5xx,reset,connect-failure"
+
+
+def lone_retry_policy(config: SidecarConfig) -> RetryPolicy:
+    """The route of decisions of one target (Fallback.retries_lone_target): one more
+    attempt at it after a 5xx, a reset or no connection; a 429, a refused key or a
+    context-length 400 goes back to the caller (the same target would answer the same)."""
+    return RetryPolicy(retry_on=LONE_RETRY_ON, num_retries=1)
+
+
 def retry_policy(config: SidecarConfig, rate_limit_wait_s: float = 0.0) -> RetryPolicy:
     """Every request sets its own number of retries (`x-envoy-max-retries`: the decision's
     fallbacks within the group's `max_attempts`), which replaces `num_retries`; the value

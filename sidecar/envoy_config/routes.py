@@ -14,29 +14,34 @@ from envoy_data_plane.envoy.config.route.v3 import HeaderMatcher, Route, RouteAc
 from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 
 from sidecar.config.models import DEFAULT_ROUTE_CLASS, RouteClass, SidecarConfig
-from sidecar.envoy_config.fallback import retry_policy
+from sidecar.envoy_config.fallback import lone_retry_policy, retry_policy
 from sidecar.envoy_config.hedging import HEDGE_ON_PER_TRY_TIMEOUT, hedge_retry_priority
 from sidecar.envoy_contract import ROUTE_CLASS_HEADER
 
 
 def model_group_routes(config: SidecarConfig) -> list[Route]:
-    """Named route classes, then their hedging routes (hedging.py), the catch-all last."""
+    """Named route classes, then their hedging routes (hedging.py) and their routes for
+    decisions of one target, the catch-all last."""
     routes = [_route(config, route_class, name)
               for route_class, name in config.route_classes.items() if name]
     routes += [_route(config, route_class, name, hedged=True)
                for route_class, name in config.hedge_route_classes.items()]
+    routes += [_route(config, route_class, name, lone=True)
+               for route_class, name in config.lone_route_classes.items()]
     routes.append(_route(config, DEFAULT_ROUTE_CLASS, ""))
     return routes
 
 
 def _route(config: SidecarConfig, route_class: RouteClass, name: str,
-           hedged: bool = False) -> Route:
+           hedged: bool = False, lone: bool = False) -> Route:
     """The route of one route class: the catch-all (`name` "") or the one the decision
     picks with ROUTE_CLASS_HEADER. The idle timeout and the rate-limited retry back-off
     are route settings Envoy takes from no request header. `hedged`: the class's route
-    for the requests a decision hedges (docs/hedging.md)."""
+    for the requests a decision hedges (docs/hedging.md); `lone`: for decisions of one
+    target (fallback.py, `lone_retry_policy`)."""
     limits = config.limits
-    retries = retry_policy(config, route_class.rate_limit_wait_s)
+    retries = (lone_retry_policy(config) if lone
+               else retry_policy(config, route_class.rate_limit_wait_s))
     if hedged:
         retries.retry_priority = hedge_retry_priority()
     return Route(

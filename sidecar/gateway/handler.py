@@ -294,9 +294,10 @@ class Gateway:
             ("content-length", str(body_size(new_body))),
             # Retries walk `attempts`; never more of them than there are targets left.
             (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
-            *(hedge.headers if hedge is not None else (
-                runtime.stream_attempt_headers if summary.stream else runtime.attempt_headers)[
-                model]),
+            *(hedge.headers if hedge is not None else _attempt_headers(
+                runtime, model, summary.stream,
+                lone=group.fallback.retries_lone_target(len(decision.ordered))
+                and not stateful)),
             (GENERATION_HEADER, runtime.generation),
         ]
         if anthropic and not pending.has_anthropic_version:
@@ -411,6 +412,15 @@ def _presented_token(headers: Mapping[str, str]) -> str | None:
         return value.strip()
     api_key = headers.get("x-api-key", "").strip()
     return api_key or None
+
+
+def _attempt_headers(runtime: Runtime, model: str, stream: bool, lone: bool
+                     ) -> tuple[tuple[str, str], ...]:
+    """The group's router headers: its time bounds and route (runtime.py)."""
+    if lone:
+        return (runtime.lone_stream_attempt_headers if stream
+                else runtime.lone_attempt_headers)[model]
+    return (runtime.stream_attempt_headers if stream else runtime.attempt_headers)[model]
 
 
 def _retry_refused(exc: RetargetError, path: str) -> Reply:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from sidecar.config.hedge_policy import HedgePolicy
 from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import ROUTE_CLASS_HEADER, hedge_pair_cluster_name
-from sidecar.gateway.runtime import PER_TRY_TIMEOUT_HEADER, Runtime
+from sidecar.envoy_contract import hedge_pair_cluster_name
+from sidecar.gateway.runtime import PER_TRY_TIMEOUT_HEADER, Runtime, on_route
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.observations import ObservationView
 from sidecar.telemetry.metrics import Metrics
@@ -112,10 +112,9 @@ class Hedges:
         if deadline is None:
             return None
         base = (runtime.stream_attempt_headers if stream else runtime.attempt_headers)[group]
-        headers = ((PER_TRY_TIMEOUT_HEADER, str(deadline)),
-                   *((name, value) for name, value in base
-                     if name not in (PER_TRY_TIMEOUT_HEADER, ROUTE_CLASS_HEADER)),
-                   (ROUTE_CLASS_HEADER, self._routes[group]))
+        headers = on_route(((PER_TRY_TIMEOUT_HEADER, str(deadline)),
+                            *((name, value) for name, value in base
+                              if name != PER_TRY_TIMEOUT_HEADER)), self._routes[group])
         return HedgePlan(hedge_pair_cluster_name(group, first.index, second.index), headers)
 
     def deadline_ms(self, group: str, primary: str, observations: ObservationView) -> int | None:

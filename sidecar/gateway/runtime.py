@@ -95,6 +95,13 @@ def stream_attempt_headers(config: SidecarConfig, group: str) -> tuple[tuple[str
             *attempt_headers(config, group)[1:])
 
 
+def on_route(headers: tuple[tuple[str, str], ...], route: str
+             ) -> tuple[tuple[str, str], ...]:
+    """`headers` naming the route `route` instead of their own."""
+    return (*((name, value) for name, value in headers if name != ROUTE_CLASS_HEADER),
+            (ROUTE_CLASS_HEADER, route))
+
+
 def provider_key_problems(config: SidecarConfig,
                           environ: Mapping[str, str] | None = None) -> list[str]:
     """Each provider key a target needs that cannot be read, named by where it was
@@ -166,6 +173,14 @@ class Runtime:
         self.attempt_headers = {name: attempt_headers(config, name) for name in config.models}
         self.stream_attempt_headers = {name: stream_attempt_headers(config, name)
                                        for name in config.models}
+        # The same on the group's route for decisions of one target (retries_lone_target).
+        lone = {name: config.lone_route_classes[group.fallback.route_class]
+                for name, group in config.models.items()}
+        self.lone_attempt_headers = {name: on_route(headers, lone[name])
+                                     for name, headers in self.attempt_headers.items()}
+        self.lone_stream_attempt_headers = {
+            name: on_route(headers, lone[name])
+            for name, headers in self.stream_attempt_headers.items()}
 
     def _add_hedging(self, config: SidecarConfig, group_name: str) -> None:
         """A hedging group's internal listeners name their targets in the access log (a

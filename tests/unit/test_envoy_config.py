@@ -303,7 +303,8 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
     manager = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     host = manager["typed_config"]["route_config"]["virtual_hosts"][0]
     assert host["include_request_attempt_count"] is True
-    action = host["routes"][0]["route"]
+    lone, catch_all = host["routes"]
+    action = catch_all["route"]
     specifier = action["inline_cluster_specifier_plugin"]["extension"]["typed_config"]
     assert specifier["override_metadata_namespace"] == "sidecar.route"
     assert specifier["priority_groups"][0]["clusters"][0]["cluster_name"] == "sidecar_no_target"
@@ -315,6 +316,10 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
         "retriable_headers": [{"name": "x-sidecar-retry", "present_match": True}],
         "refresh_cluster_on_retry": True,
     }
+    # Decisions of one target: a second try at it after the provider's own failures only.
+    assert lone["match"]["headers"][0]["string_match"] == {"exact": "s"}
+    assert lone["route"]["retry_policy"] == {"retry_on": "5xx,reset,connect-failure",
+                                             "num_retries": 1}
     filters = manager["typed_config"]["http_filters"]
     assert [f["name"] for f in filters][:5] == ["envoy.filters.http.health_check",  # /ready
                                                  "envoy.filters.http.ext_proc",
@@ -533,11 +538,13 @@ wait: {targets: [{provider: openai, model_ref: m}],
     route_config = manager["typed_config"]["route_config"]
     routes = route_config["virtual_hosts"][0]["routes"]
     assert [r["match"].get("headers", [{}])[0].get("string_match") for r in routes] == [
-        {"exact": "c1"}, {"exact": "c2"}, None]
-    assert [r["route"]["idle_timeout"] for r in routes] == ["2s", "300s", "300s"]
+        {"exact": "c1"}, {"exact": "c2"}, {"exact": "s"}, {"exact": "c1s"}, {"exact": "c2s"},
+        None]
+    assert [r["route"]["idle_timeout"] for r in routes] == [
+        "2s", "300s", "300s", "2s", "300s", "300s"]
     waits = [r["route"]["retry_policy"].get("rate_limited_retry_back_off") for r in routes]
     assert waits == [None, {"reset_headers": [{"name": "retry-after"}], "max_interval": "4s"},
-                     None]
+                     None, None, None, None]
     assert all("inline_cluster_specifier_plugin" in r["route"] for r in routes)
     assert "x-sidecar-route-class" in route_config["request_headers_to_remove"]
     assert config.route_class_name("idle") == config.route_class_name("idle-too") == "c1"

@@ -61,7 +61,9 @@ def test_forward_rewrites_model_path_and_cluster_and_carries_no_key(gateway: Gat
     sets = dict(outcome.set_headers)
     assert json.loads(outcome.body) == {"model": "real-model", "messages": []}
     assert sets[":path"] == "/prefix/v1/chat/completions"
-    assert outcome.attempts == ("target__g__0__local",)
+    # One target: a second try at it, on the route that retries only 5xx and resets.
+    assert outcome.attempts == ("target__g__0__local", "target__g__0__local")
+    assert sets["x-sidecar-route-class"] == "s" and sets["x-envoy-max-retries"] == "1"
     assert sets["content-length"] == str(len(outcome.body))
     # Envoy injects the key per target cluster; the sidecar never sets one.
     assert not {"authorization", "x-api-key"} & set(sets)

@@ -78,14 +78,14 @@ def test_a_hedging_group_gets_pair_clusters_internal_listeners_and_a_hedging_rou
     routes = outer["route_config"]["virtual_hosts"][0]["routes"]
     names = [r["match"].get("headers", [{}])[0].get("string_match", {}).get("exact")
              for r in routes]
-    assert names == ["c1", "c1h", None]
+    assert names == ["c1", "c1h", "s", "c1s", None]
     hedging = routes[1]["route"]
     assert hedging["hedge_policy"] == {"hedge_on_per_try_timeout": True}
     assert hedging["retry_policy"]["retry_priority"]["name"] == (
         "envoy.retry_priorities.previous_priorities")
     assert hedging["idle_timeout"] == "30s"
     assert all("hedge_policy" not in r["route"] and "retry_priority" not in r["route"][
-        "retry_policy"] for r in (routes[0], routes[2]))
+        "retry_policy"] for r in routes[:1] + routes[2:])
     assert all("inline_cluster_specifier_plugin" in r["route"] for r in routes)
 
 

@@ -166,7 +166,12 @@ def test_retry_same_target_repeats_each_target_within_max_attempts() -> None:
     assert Fallback(retry_same_target=2, max_attempts=1).attempt_order("ab") == ["a"]
     # Fewer targets than attempts: round them again (issue #31).
     assert Fallback().attempt_order("ab") == ["a", "b", "a"]
-    assert Fallback().attempt_order("a") == ["a"]  # one target: retry_same_target decides
+    # One target: a second try at it (on the route that retries 5xx only), unless the
+    # group says how to retry the same target, or allows one attempt.
+    assert Fallback().attempt_order("a") == ["a", "a"]
+    assert Fallback().retries_lone_target(1) and not Fallback().retries_lone_target(2)
+    assert not Fallback(retry_same_target=1).retries_lone_target(1)
+    assert not Fallback(max_attempts=1).retries_lone_target(1)
     assert Fallback(retry_same_target=1).attempt_order("a") == ["a", "a"]
     assert Fallback(max_attempts=1).attempt_order("a") == ["a"]
     assert Fallback().attempt_order("") == []
