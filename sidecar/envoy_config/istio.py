@@ -42,13 +42,20 @@ def envoy_filter(config: SidecarConfig, addresses: EnvoyAddresses, host: str,
     virtual host `host` (Istio names it `<host>:<port>`). `addresses.ext_proc` is where
     the gateway reaches the sidecar (its Service), `addresses.secrets_dir` where the
     gateway pods have the providers' SDS files."""
+    hedging = sorted(name for name, group in config.models.items() if group.hedge is not None)
+    if hedging:
+        raise ValueError(f"hedge is not available in an Istio gateway (it needs internal "
+                         f"listeners the patch does not add): models {', '.join(hedging)}")
     document = rendered_document(config, addresses, channel_token)
     manager = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     typed = manager["typed_config"]
     filters = typed["http_filters"]
     router = next(f for f in filters if f["name"] == ROUTER)
     virtual_host = typed["route_config"]["virtual_hosts"][0]
-    route = virtual_host["routes"][0]
+    # The catch-all route's action: the gateway's routes are its own, so every request
+    # takes the default route class (its named classes and the route for decisions of one
+    # target are not patched in; docs/deploy.md §4).
+    route = virtual_host["routes"][-1]
     listener_match = {"context": "GATEWAY", "listener": {"filterChain": {"filter": {
         "name": HCM, "subFilter": {"name": ROUTER}}}}}
     # Not the readiness path: an Istio gateway has its own health port (15021), and a /ready

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from sidecar.config import load_config_file
+from sidecar.config import load_config_file, load_config_text
 from sidecar.envoy_config.addresses import EnvoyAddresses
 from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.istio import apply_patches, envoy_filter
@@ -68,3 +69,12 @@ def test_the_patched_gateway_validates_and_routes_by_the_sidecar(tmp_path: Path)
         "priority_group")
     names = {c["name"] for c in patched["static_resources"]["clusters"]}
     assert {EXT_PROC_CLUSTER, target_cluster_name("adaptive-agent", 0, "baseten")} <= names
+
+
+def test_render_istio_refuses_hedging_it_cannot_patch_in() -> None:
+    """Hedging needs internal listeners and pair clusters the EnvoyFilter does not add."""
+    config = load_config_text(
+        "models:\n  h:\n    targets: [{provider: openai, model_ref: a},"
+        " {provider: openai, model_ref: b}]\n    hedge: {}\n")
+    with pytest.raises(ValueError, match="hedge is not available in an Istio gateway"):
+        envoy_filter(config, EnvoyAddresses(), "api.example", {"istio": "ingressgateway"})
