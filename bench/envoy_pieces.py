@@ -125,7 +125,7 @@ PIECES: dict[str, tuple[Edit, str]] = {
                    "(tokens, cost, throughput)"),
     "sse_to_metadata": (_drop_filter("envoy.filters.http.sse_to_metadata"), "usage of "
                         "streamed replies"),
-    "header_to_metadata": (_drop_filter("envoy.filters.http.header_to_metadata"),
+    "header_to_metadata": (_drop_filter("sidecar.kept_response_headers"),
                            "providers' retry-after and reset headers"),
     "hold_bounded_replies": (_drop_upstream_filter("sidecar.hold_bounded_replies"),
                              "fallback for replies that break before their end"),

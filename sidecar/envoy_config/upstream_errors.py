@@ -135,8 +135,13 @@ def kept_response_headers() -> HttpFilter:
     `final_upstream_errors` in the filter list, so a response passes it first."""
     rules = [ConfigRule(header=name, on_header_present=ConfigKeyValuePair(
         metadata_namespace=KEPT_NAMESPACE, key=name)) for name in KEPT_HEADERS]
-    return HttpFilter(name="envoy.filters.http.header_to_metadata",
-                      typed_config=Any.pack(HeaderToMetadata(response_rules=rules)))
+    # Only a reply the custom-response filter may replace needs it: a 2xx skips it
+    # (issue #32: 46 µs of Envoy per request when it ran on every reply).
+    answered = _single("status_class", HttpResponseStatusCodeClassMatchInput(),
+                       StringMatcher(exact="2xx"))
+    return skipped_when(answered, "sidecar.kept_response_headers",
+                        "envoy.filters.http.header_to_metadata",
+                        Any.pack(HeaderToMetadata(response_rules=rules)))
 
 
 def final_upstream_errors() -> HttpFilter:

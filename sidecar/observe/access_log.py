@@ -266,6 +266,9 @@ class AccessLogReceiver:
         self._attempts = AttemptTracker(max_age_s=attempt_window_s)
         self._telemetry = telemetry
         self._hedges = hedges
+        # Entries received per log (`/metrics`): the per-attempt log carries only failed
+        # and later attempts (envoy_config/observation_filters.py, failed_attempts_only).
+        self.entries = {"request": 0, "attempt": 0}
 
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
@@ -277,7 +280,9 @@ class AccessLogReceiver:
         self._groups = {**self._groups, **groups}
 
     def receive(self, message: als_pb2.StreamAccessLogsMessage, per_attempt: bool) -> None:
-        for entry in message.http_logs.log_entry:
+        entries = message.http_logs.log_entry
+        self.entries["attempt" if per_attempt else "request"] += len(entries)
+        for entry in entries:
             try:
                 if per_attempt:
                     self._attempt(entry)
@@ -290,6 +295,15 @@ class AccessLogReceiver:
         observation = observation_of(entry, self._targets)
         if observation is not None:
             self._store.record(observation)
+            common = entry.common_properties
+            if (common.upstream_request_attempt_count > 1
+                    and 200 <= entry.response.response_code.value < 300):
+                # The attempt after the last failure: not in the per-attempt log.
+                transition = self._attempts.answered(
+                    entry.request.request_id, self._groups.get(served_by(common), ""),
+                    observation.target, common.upstream_request_attempt_count)
+                if transition is not None:
+                    self._transition(transition)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
         if self._telemetry is None and not hedged:
@@ -312,12 +326,14 @@ class AccessLogReceiver:
             wait = requested_wait_s(entry.response.response_headers, self._wall_clock())
             if wait is not None:
                 self._store.rate_limited(attempt.target, wait)
-        transition = self._attempts.add(attempt)
-        if transition is not None:
-            self._store.record(transition.observation())
-            fallback_log.info("%s", json.dumps(transition.event(), separators=(",", ":")))
-            if self._telemetry is not None:
-                self._telemetry.fallback(transition)
+        for transition in self._attempts.add(attempt):
+            self._transition(transition)
+
+    def _transition(self, transition: Transition) -> None:
+        self._store.record(transition.observation())
+        fallback_log.info("%s", json.dumps(transition.event(), separators=(",", ":")))
+        if self._telemetry is not None:
+            self._telemetry.fallback(transition)
 
 
 class AccessLogStream:

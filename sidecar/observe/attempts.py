@@ -15,6 +15,12 @@ Pairing keys on Envoy's request id. A failure waits at most `max_age_s` (the lon
 deadline a request can have) and pairs only with an attempt of the same group, so an id
 that comes back later (a client reusing one) cannot pair with a stale failure.
 
+The per-attempt log leaves out attempts that answered without a failure flag
+(envoy_config/observation_filters.py): the attempt after the last failure is known from
+the request's own entry instead (`answered`: its target and its number of attempts).
+That entry arrives on another stream, before or after the failures; when it comes first
+it waits (bounded like the failures) for the attempt count's failures to arrive.
+
 Each followed failure yields one `Transition`: an observation against the failed target
 (`failed_over`, so reliability signals see it) and the `fallback_transition` event.
 """
@@ -75,38 +81,76 @@ class AttemptTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         # request id → (its latest attempt, which failed; that attempt's number; when seen)
         self._pending: OrderedDict[str, tuple[Attempt, int, float]] = OrderedDict()
+        # request id → (group, the target that answered, failures still to come, when seen)
+        self._answers: OrderedDict[str, tuple[str, str, int, float]] = OrderedDict()
         self._max_pending = max_pending
         self._max_age_s = max_age_s
         self._clock = clock
 
     def __len__(self) -> int:
-        return len(self._pending)
+        """Entries waiting for their other half: failures and answered requests."""
+        return len(self._pending) + len(self._answers)
 
-    def add(self, attempt: Attempt) -> Transition | None:
-        """Record one attempt's entry; returns the transition it completes, if any."""
+    def add(self, attempt: Attempt) -> list[Transition]:
+        """Record one attempt's entry; returns the transitions it completes: from the
+        failure before it, and, when it is the last failure of a request already
+        answered, to the target that answered."""
         now = self._clock()
         self._expire(now)
         if not attempt.request_id:
-            return None
+            return []
         previous = self._pending.pop(attempt.request_id, None)
-        transition = None
+        transitions = []
         number = 1
         if previous is not None and previous[0].group == attempt.group:
             failed, failed_number, _ = previous
             number = failed_number + 1
-            transition = Transition(failed.group, failed.target, attempt.target,
-                                    failed.outcome.value, failed_number, failed.duration_ms,
-                                    attempt.request_id)
-        if attempt.outcome not in _NOT_FAILURES:
-            self._pending[attempt.request_id] = (attempt, number, now)
-            while len(self._pending) > self._max_pending:
-                self._pending.popitem(last=False)
-        return transition
+            transitions.append(Transition(failed.group, failed.target, attempt.target,
+                                          failed.outcome.value, failed_number,
+                                          failed.duration_ms, attempt.request_id))
+        if attempt.outcome in _NOT_FAILURES:
+            return transitions
+        answer = self._answers.pop(attempt.request_id, None)
+        if answer is not None and answer[0] == attempt.group:
+            group, target, to_come, seen = answer
+            if to_come <= 1:
+                transitions.append(Transition(group, attempt.target, target,
+                                              attempt.outcome.value, number,
+                                              attempt.duration_ms, attempt.request_id))
+                return transitions
+            self._answers[attempt.request_id] = (group, target, to_come - 1, seen)
+        self._pending[attempt.request_id] = (attempt, number, now)
+        while len(self._pending) > self._max_pending:
+            self._pending.popitem(last=False)
+        return transitions
+
+    def answered(self, request_id: str, group: str, target: str,
+                 attempts: int) -> Transition | None:
+        """The request's own entry: `target` answered it at attempt `attempts`. Completes
+        the transition from its last failure, or waits for its failures to arrive."""
+        now = self._clock()
+        self._expire(now)
+        if not request_id or attempts < 2:
+            return None
+        previous = self._pending.pop(request_id, None)
+        if previous is not None and previous[0].group == group:
+            failed, number, _ = previous
+            return Transition(group, failed.target, target, failed.outcome.value, number,
+                              failed.duration_ms, request_id)
+        self._answers[request_id] = (group, target, attempts - 1, now)
+        while len(self._answers) > self._max_pending:
+            self._answers.popitem(last=False)
+        return None
 
     def _expire(self, now: float) -> None:
         """Entries are in arrival order, so the stale ones are at the front."""
         while self._pending:
             _, (_, _, seen) = next(iter(self._pending.items()))
             if now - seen <= self._max_age_s:
-                return
+                break
             self._pending.popitem(last=False)
+        while self._answers:
+            _, (_, _, _, seen) = next(iter(self._answers.items()))
+            if now - seen <= self._max_age_s:
+                return
+            self._answers.popitem(last=False)

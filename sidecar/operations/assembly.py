@@ -164,6 +164,9 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     add_routing_metrics(metrics, gateway)
     add_shadow_metrics(metrics, lambda: gateway.shadows)
     add_hedge_metrics(metrics, lambda: gateway.hedges)
+    if receiver is not None:
+        metrics.add_counter("access_log_entries", "Envoy access-log entries received, by log",
+                            ("log",), lambda: {(name,): n for name, n in receiver.entries.items()})
     shadows = ShadowLoop(lambda: gateway.shadows,
                          telemetry.shadow if telemetry is not None else None,
                          lambda: gateway.retired_shadows)

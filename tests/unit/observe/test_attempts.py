@@ -15,11 +15,11 @@ def attempt(target: str, outcome: Outcome, request_id: str = "r1", group: str = 
 
 def test_a_failure_followed_by_another_attempt_is_a_transition() -> None:
     tracker = AttemptTracker()
-    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR)) is None
-    transition = tracker.add(attempt("p/b", Outcome.RATE_LIMITED))
-    assert transition == Transition("g", "p/a", "p/b", "server_error", 1, 12.5)
-    assert tracker.add(attempt("p/c", Outcome.OK)) == Transition(
-        "g", "p/b", "p/c", "rate_limited", 2, 12.5)
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR)) == []
+    transitions = tracker.add(attempt("p/b", Outcome.RATE_LIMITED))
+    assert transitions == [Transition("g", "p/a", "p/b", "server_error", 1, 12.5)]
+    assert tracker.add(attempt("p/c", Outcome.OK)) == [Transition(
+        "g", "p/b", "p/c", "rate_limited", 2, 12.5)]
     assert len(tracker) == 0
 
 
@@ -36,23 +36,23 @@ def test_the_transition_counts_against_the_failed_target_as_failed_over() -> Non
 
 def test_a_final_attempt_is_never_a_transition() -> None:
     tracker = AttemptTracker()
-    assert tracker.add(attempt("p/a", Outcome.OK)) is None
-    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2")) is None
-    assert tracker.add(attempt("p/a", Outcome.CLIENT_CANCEL, request_id="r3")) is None
-    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r4")) is None
+    assert tracker.add(attempt("p/a", Outcome.OK)) == []
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2")) == []
+    assert tracker.add(attempt("p/a", Outcome.CLIENT_CANCEL, request_id="r3")) == []
+    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r4")) == []
 
 
 def test_attempts_without_a_request_id_are_ignored() -> None:
     tracker = AttemptTracker()
-    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="")) is None
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="")) == []
     assert len(tracker) == 0
 
 
 def test_entries_of_other_requests_do_not_pair_up() -> None:
     tracker = AttemptTracker()
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r1"))
-    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) is None
-    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) is not None
+    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) == []
+    assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) != []
     assert len(tracker) == 0
 
 
@@ -70,7 +70,38 @@ def test_a_reused_request_id_never_pairs_with_a_stale_or_foreign_failure() -> No
     tracker = AttemptTracker(max_age_s=60, clock=lambda: now[0])
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR))  # a final failure: nothing follows
     now[0] = 61.0
-    assert tracker.add(attempt("p/b", Outcome.OK)) is None  # same id, a minute later
+    assert tracker.add(attempt("p/b", Outcome.OK)) == []  # same id, a minute later
     assert len(tracker) == 0
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2", group="g"))
-    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r2", group="other")) is None
+    assert tracker.add(attempt("p/x", Outcome.OK, request_id="r2", group="other")) == []
+
+
+def test_the_requests_own_entry_completes_the_last_failure_in_either_order() -> None:
+    """The per-attempt log leaves out the attempt that answered; the request's entry
+    (its target, its attempt count) stands for it, whichever stream arrives first."""
+    tracker = AttemptTracker()
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR))
+    assert tracker.answered("r1", "g", "p/b", 2) == Transition(
+        "g", "p/a", "p/b", "server_error", 1, 12.5)
+    # The request's entry first, then its two failures: A → B, then B → C.
+    assert tracker.answered("r2", "g", "p/c", 3) is None
+    assert tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2")) == []
+    assert tracker.add(attempt("p/b", Outcome.RESET, request_id="r2")) == [
+        Transition("g", "p/a", "p/b", "server_error", 1, 12.5),
+        Transition("g", "p/b", "p/c", "reset", 2, 12.5)]
+    assert len(tracker) == 0
+    # Answered at the first attempt, or by a request of another group: nothing pairs.
+    assert tracker.answered("r3", "g", "p/a", 1) is None
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r4", group="g"))
+    assert tracker.answered("r4", "other", "p/b", 2) is None
+
+
+def test_answers_waiting_for_their_failures_stay_bounded_and_expire() -> None:
+    now = [0.0]
+    tracker = AttemptTracker(max_pending=10, max_age_s=60, clock=lambda: now[0])
+    for n in range(50):
+        tracker.answered(f"r{n}", "g", "p/b", 2)
+    assert len(tracker) == 10
+    now[0] = 61.0
+    tracker.add(attempt("p/a", Outcome.OK, request_id="x"))
+    assert len(tracker) == 0
