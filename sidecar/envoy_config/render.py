@@ -309,7 +309,8 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[ROUTE_NAMESPACE])),
     )
     routes = model_group_routes(config)
-    # Every attempt is logged too, so failures before a fallback reach the observations.
+    # Attempts that did not answer cleanly are logged too, so failures before a fallback
+    # reach the observations (observation_filters.failed_attempts_only).
     router = Router(upstream_log=[access_log(observe.flush_interval_ms, ATTEMPT_LOG_NAME)]
                     if observe.enabled else [],
                     # No x-envoy-* of the router's to providers (x-envoy-original-host
