@@ -33,10 +33,14 @@ def hedge_listener_name(target_cluster: str) -> str:
     return f"{target_cluster}__hedge_in"
 
 
-def hedge_pair_cluster_name(group: str, first: int, second: int) -> str:
-    """The cluster of a hedged decision: the group's target `first` at priority 0, target
-    `second` at priority 1 (docs/hedging.md)."""
-    return f"hedge__{_UNSAFE.sub('_', group)}__{first}__{second}"
+def hedge_pair_cluster_name(group: str, first: tuple[int, str], second: tuple[int, str]
+                            ) -> str:
+    """The cluster of a hedged decision: the group's target `first` (index, provider) at
+    priority 0, `second` at priority 1 (docs/hedging.md). Providers are in the name, as in
+    target clusters', so a reload that puts another provider at an index makes a new
+    pair rather than sending an old decision's request to the new provider."""
+    return (f"hedge__{_UNSAFE.sub('_', group)}__{first[0]}__{_UNSAFE.sub('_', first[1])}"
+            f"__{second[0]}__{_UNSAFE.sub('_', second[1])}")
 
 
 HEDGE_CLUSTER_PREFIX = "hedge__"

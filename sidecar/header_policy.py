@@ -38,7 +38,9 @@ REQUEST_ALLOWLIST = frozenset({
 
 # Kept past the sidecar because Envoy's route lookup needs it (a request without it matches
 # no route), and removed by each target cluster's upstream filters instead.
-ROUTING_ONLY_HEADERS = ("x-forwarded-proto",)
+# The route class is removed by the listener's route configuration already; an Istio
+# gateway's routes are its own, so the target clusters remove it too.
+ROUTING_ONLY_HEADERS = ("x-forwarded-proto", "x-sidecar-route-class")
 
 RESPONSE_ALLOWLIST = frozenset({
     "content-type",

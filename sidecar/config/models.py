@@ -353,6 +353,16 @@ class SidecarConfig(StrictModel):
                                      "Redis: set fleet.redis_url or quotas.redis_url")
         return self
 
+    @model_validator(mode="after")
+    def _hedging_needs_observations(self) -> SidecarConfig:
+        if not self.observations.enabled:
+            hedging = [name for name, group in self.models.items() if group.hedge is not None]
+            if hedging:
+                raise ValueError(f"models.{hedging[0]}.hedge needs observations (its deadline "
+                                 "and the budget's returned tokens come from the access "
+                                 "log): remove `observations.enabled: false`")
+        return self
+
     @property
     def fleet_redis(self) -> SecretSource | None:
         """Where replicas share their state: `fleet.redis_url`, else the quotas' Redis."""

@@ -111,8 +111,11 @@ LONE_RETRY_ON = "5xx,reset,connect-failure"
 
 def lone_retry_policy(config: SidecarConfig) -> RetryPolicy:
     """The route of decisions of one target (Fallback.retries_lone_target): one more
-    attempt at it after a 5xx, a reset or no connection; a 429, a refused key or a
-    context-length 400 goes back to the caller (the same target would answer the same)."""
+    attempt at it, after Envoy's short back-off, on a 5xx (a 503 or 529 that names a wait
+    included: its `retry-after` still keeps the target out of later decisions), a reset,
+    no connection or a per-try timeout (Envoy counts a read timeout as a reset); a 429, a
+    refused key or a context-length 400 goes back to the caller (the same target would
+    answer the same)."""
     return RetryPolicy(retry_on=LONE_RETRY_ON, num_retries=1)
 
 

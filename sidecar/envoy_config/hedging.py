@@ -138,7 +138,8 @@ def pair_cluster(config: SidecarConfig, group: str, first: int, second: int,
     listeners. A second attempt is retargeted for `second` by the sidecar (it knows the
     pair from the cluster's name); credentials are the target clusters' business."""
     targets = config.models[group].targets
-    name = hedge_pair_cluster_name(group, first, second)
+    name = hedge_pair_cluster_name(group, (first, targets[first].provider),
+                                   (second, targets[second].provider))
     listeners = [hedge_listener_name(target_cluster_name(group, index, targets[index].provider))
                  for index in (first, second)]
     filters = attempt_filters(config.limits.sidecar_message_timeout_ms, cleared,

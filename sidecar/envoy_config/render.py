@@ -203,7 +203,9 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
         listeners += [hedge_listener(cluster)
                       for cluster in target_clusters_of_hedging_groups(config)]
     return Bootstrap(
-        bootstrap_extensions=[internal_listener_extension()] if hedged else [],
+        # Always there (it costs nothing idle): a reload that turns hedging on publishes
+        # internal listeners, and the bootstrap is not published again (docs/hedging.md).
+        bootstrap_extensions=[internal_listener_extension()],
         overload_manager=_overload_manager(config),
         # File-based SDS (the provider keys) needs the node to have a name.
         node=Node(id="model-group-sidecar", cluster="model-group-sidecar"),

@@ -115,7 +115,7 @@ class Gateway:
         if self.shadows is not None:
             self.retired_shadows = [*self.retired_shadows, self.shadows][-RETIRED_KEPT:]
         self.shadows = shadow_decider(runtime.config, self._observations)
-        self.hedges = Hedges(runtime.config)
+        self.hedges = Hedges(runtime.config, previous=self.hedges)
 
     @property
     def forwarded_headers(self) -> frozenset[str]:
@@ -278,9 +278,12 @@ class Gateway:
         chosen = [cache_routes.get((model, choice.index, pending.dialect))
                   or routes[(model, choice.index, pending.dialect)] for choice in ordered]
         attempts = tuple(target.cluster for target in chosen)
+        # A request decided under a configuration a reload replaced is not hedged: its
+        # pair clusters may be gone.
         hedge = (self.hedges.plan(runtime, model, decision.ordered, pending.dialect,
                                   summary.stream, self._observations)
-                 if model in self.hedges and not stateful and not slot else None)
+                 if model in self.hedges and not stateful and not slot
+                 and runtime is self._runtime else None)
         if hedge is not None:  # docs/hedging.md
             attempts = (hedge.cluster, hedge.cluster)
         route = chosen[0]

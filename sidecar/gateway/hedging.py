@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.config.hedge_policy import HedgePolicy
-from sidecar.config.models import SidecarConfig
+from sidecar.config.models import SidecarConfig, Target
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import hedge_pair_cluster_name
 from sidecar.gateway.runtime import PER_TRY_TIMEOUT_HEADER, Runtime, on_route
@@ -52,6 +52,11 @@ class HedgeTally:
     second_won: int = 0      # of those, served by the second target
 
 
+def _pair_name(group: str, targets: Sequence[Target], first: int, second: int) -> str:
+    return hedge_pair_cluster_name(group, (first, targets[first].provider),
+                                   (second, targets[second].provider))
+
+
 class _Bucket:
     def __init__(self, policy: HedgePolicy) -> None:
         self.share = policy.budget_percent / 100
@@ -74,21 +79,32 @@ class _Bucket:
 
 
 class Hedges:
-    def __init__(self, config: SidecarConfig) -> None:
-        self._policies = {name: group.hedge for name, group in config.models.items()
-                          if group.hedge is not None}
+    def __init__(self, config: SidecarConfig, previous: Hedges | None = None) -> None:
+        """`previous`: the hedges of the configuration a reload replaces; a group whose
+        hedge policy and targets did not change keeps its bucket and tally."""
+        self._groups = {name: group for name, group in config.models.items()
+                        if group.hedge is not None}
+        self._policies = {name: group.hedge for name, group in self._groups.items()}
         self._buckets = {name: _Bucket(policy) for name, policy in self._policies.items()}
-        self._evidence = {name: (config.models[name].dynamic_score.observation_window_seconds,
-                                 config.models[name].dynamic_score.min_observations)
-                          for name in self._policies}
         self.totals = {name: HedgeTally() for name in self._policies}
-        self._routes = {name: config.hedge_route_classes[config.models[name].fallback.route_class]
-                        for name in self._policies}
+        if previous is not None:
+            for name, group in self._groups.items():
+                before = previous._groups.get(name)
+                if (before is not None and before.hedge == group.hedge
+                        and before.targets == group.targets
+                        and before.fallback == group.fallback):
+                    self._buckets[name] = previous._buckets[name]
+                    self.totals[name] = previous.totals[name]
+        self._evidence = {name: (group.dynamic_score.observation_window_seconds,
+                                 group.dynamic_score.min_observations)
+                          for name, group in self._groups.items()}
+        self._routes = {name: config.hedge_route_classes[group.fallback.route_class]
+                        for name, group in self._groups.items()}
         # pair cluster → (group, the second target's label)
         self._pairs = {
-            hedge_pair_cluster_name(name, first, second): (
+            _pair_name(name, group.targets, first, second): (
                 name, f"{group.targets[second].provider}/{group.targets[second].model_ref}")
-            for name, group in config.models.items() if group.hedge is not None
+            for name, group in self._groups.items()
             for first in range(len(group.targets)) for second in range(len(group.targets))
             if first != second}
 
@@ -108,18 +124,22 @@ class Hedges:
             route = runtime.routes.get((group, choice.index, dialect))
             if route is None or route.cluster in runtime.bridges:
                 return None
-        deadline = self.deadline_ms(group, first.label, observations)
+        deadline = self.deadline_ms(group, first.label, observations, stream)
         if deadline is None:
             return None
         base = (runtime.stream_attempt_headers if stream else runtime.attempt_headers)[group]
         headers = on_route(((PER_TRY_TIMEOUT_HEADER, str(deadline)),
                             *((name, value) for name, value in base
                               if name != PER_TRY_TIMEOUT_HEADER)), self._routes[group])
-        return HedgePlan(hedge_pair_cluster_name(group, first.index, second.index), headers)
+        return HedgePlan(_pair_name(group, self._groups[group].targets, first.index,
+                                    second.index), headers)
 
-    def deadline_ms(self, group: str, primary: str, observations: ObservationView) -> int | None:
+    def deadline_ms(self, group: str, primary: str, observations: ObservationView,
+                    stream: bool = False) -> int | None:
         """The hedge deadline for a decision of `group` whose primary is `primary`
-        (`provider/model_ref`), or None when the budget has no token for it."""
+        (`provider/model_ref`), or None when the budget has no token for it. Never later
+        than an unhedged attempt would be abandoned (the first-token deadline of a gated
+        stream, else the per-try timeout): hedging must not wait longer than fallback."""
         tally = self.totals[group]
         bucket = self._buckets[group]
         tally.decisions += 1
@@ -131,7 +151,10 @@ class Hedges:
         policy = self._policies[group]
         window, needed = self._evidence[group]
         observed = observations.get(primary, window)
-        highest = policy.max_deadline_seconds * 1000
+        fallback = self._groups[group].fallback
+        latest = (fallback.first_event_wait_seconds if stream and fallback.commit_at_first_event
+                  else fallback.per_try_timeout_seconds)
+        highest = min(policy.max_deadline_seconds, latest) * 1000
         if observed.count < needed or observed.p95_ttfb_ms is None:
             return round(highest)
         deadline = observed.p95_ttfb_ms

@@ -194,7 +194,9 @@ class Runtime:
             for second in range(len(group.targets)):
                 if second == index:
                     continue
-                pair = hedge_pair_cluster_name(group_name, second, index)
+                pair = hedge_pair_cluster_name(
+                    group_name, (second, group.targets[second].provider),
+                    (index, target.provider))
                 self.cluster_groups[pair] = group_name
                 for dialect in config.target_dialects(target):
                     self.cluster_routes[(pair, dialect)] = self.routes[(group_name, index,

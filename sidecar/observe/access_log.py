@@ -206,8 +206,14 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
         flags.CopyFrom(common.response_flags)
         flags.upstream_request_timeout = False
     outcome = outcome_of(flags, status)
+    duration_ms = _ms(common.duration)
     if hedged and status == 0 and outcome is Outcome.OK:
-        outcome = Outcome.HEDGED_OUT  # cancelled: the other attempt answered first
+        # Cancelled: the other attempt answered first. Only the primary, whose deadline
+        # passed (its `UT`), has a lower bound for its time to first byte; the hedge's
+        # wait was cut by the primary's answer, which says nothing of the hedge.
+        outcome = Outcome.HEDGED_OUT
+        if not common.response_flags.upstream_request_timeout:
+            duration_ms = None
     if outcome is Outcome.CLIENT_ERROR and (
             CONTEXT_RETRY_HEADER in entry.response.response_headers):
         outcome = Outcome.CONTEXT_WINDOW  # retried on the next target (upstream_errors.py)
@@ -216,7 +222,7 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
         group=groups.get(key, ""),
         target=target,
         outcome=outcome,
-        duration_ms=_ms(common.duration),
+        duration_ms=duration_ms,
     )
 
 
@@ -297,7 +303,9 @@ class AccessLogReceiver:
             self._store.record(observation)
             common = entry.common_properties
             if (common.upstream_request_attempt_count > 1
-                    and 200 <= entry.response.response_code.value < 300):
+                    and 200 <= entry.response.response_code.value < 300
+                    and not common.response_flags.ListFields()):
+                # (With a flag, the answering attempt is in the per-attempt log itself.)
                 # The attempt after the last failure: not in the per-attempt log.
                 transition = self._attempts.answered(
                     entry.request.request_id, self._groups.get(served_by(common), ""),
@@ -319,8 +327,10 @@ class AccessLogReceiver:
         if attempt is None:
             return
         if attempt.outcome is Outcome.HEDGED_OUT:
-            self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
-                                           ttfb_ms=attempt.duration_ms))
+            if attempt.duration_ms is not None:
+                self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
+                                               ttfb_ms=attempt.duration_ms))
+            self._attempts.forget(attempt.request_id)  # nothing failed: nothing to pair
             return
         if entry.response.response_code.value in _ASKS_TO_WAIT:
             wait = requested_wait_s(entry.response.response_headers, self._wall_clock())

@@ -142,6 +142,10 @@ class AttemptTracker:
             self._answers.popitem(last=False)
         return None
 
+    def forget(self, request_id: str) -> None:
+        """A request whose attempts pair with nothing more (a hedge's cancelled loser)."""
+        self._answers.pop(request_id, None)
+
     def _expire(self, now: float) -> None:
         """Entries are in arrival order, so the stale ones are at the front."""
         while self._pending:

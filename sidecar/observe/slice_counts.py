@@ -41,13 +41,16 @@ class SliceCounts:
     cache_read_tokens: float = 0.0     # and the part of it read from the prompt cache
 
     def add(self, observation: Observation) -> None:
+        if observation.outcome is Outcome.HEDGED_OUT:
+            # A hedged primary cancelled before its first byte: it would have taken at
+            # least this long. A time figure only; no count or rate counts it.
+            if observation.ttfb_ms is not None:
+                self.ttfb.add(observation.ttfb_ms)
+            return
         self.count += 1
         self.outcomes[observation.outcome] = self.outcomes.get(observation.outcome, 0) + 1
         self.failed_over += int(observation.failed_over)
-        if observation.outcome is Outcome.HEDGED_OUT and observation.ttfb_ms is not None:
-            # Cancelled before its first byte: it would have taken at least this long.
-            self.ttfb.add(observation.ttfb_ms)
-        elif observation.outcome is Outcome.OK:
+        if observation.outcome is Outcome.OK:
             if observation.latency_ms is not None:
                 self.latency.add(observation.latency_ms)
             if observation.ttfb_ms is not None:

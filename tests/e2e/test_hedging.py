@@ -97,7 +97,8 @@ def test_a_slow_primary_is_hedged_and_the_first_answer_wins(tmp_path: Path) -> N
         # time to first byte is at least the deadline.
         seen = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/observations?format=json",
                          timeout=5).json()["targets"]["slow/s"]
-        assert seen["outcomes"] == {"hedged_out": 3} and seen["error_rate"] == 0.0
+        # No count or rate counts them; their time to first byte was at least the deadline.
+        assert seen["count"] == 0 and seen["error_rate"] == 0.0
         assert seen["p95_ttfb_ms"] >= 400
 
 

@@ -369,7 +369,7 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
         # over between attempts, so no attempt may inherit another target's key.
         assert removed == ["x-envoy-attempt-count", "x-envoy-expected-rq-timeout-ms",
                            "x-envoy-original-host", "authorization", "proxy-authorization",
-                           "x-api-key", "x-forwarded-proto"]
+                           "x-api-key", "x-forwarded-proto", "x-sidecar-route-class"]
         # Only the gateway says an answer came from its cache (docs/cache.md).
         assert strip["typed_config"]["mutations"]["response_mutations"] == [
             {"remove": "x-sidecar-cache"}]

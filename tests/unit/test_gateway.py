@@ -179,8 +179,9 @@ models:
 """)
     assert "x-trace" in forwarded_request_headers(config)
     # b's cluster removes it (and every cluster the header only Envoy's routing needs)
-    assert cluster_stripped_headers(config, "b") == ("x-forwarded-proto", "x-trace")
-    assert cluster_stripped_headers(config, "a") == ("x-forwarded-proto",)
+    assert cluster_stripped_headers(config, "b") == ("x-forwarded-proto", "x-sidecar-route-class",
+                                                   "x-trace")
+    assert cluster_stripped_headers(config, "a") == ("x-forwarded-proto", "x-sidecar-route-class")
 
 
 def test_x_api_key_authenticates_too(gateway: Gateway) -> None:

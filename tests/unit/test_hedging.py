@@ -59,9 +59,9 @@ def test_a_hedging_group_gets_pair_clusters_internal_listeners_and_a_hedging_rou
         f"target__hedged__{n}__{p}__hedge_in" for n, p in enumerate("abc")]
     clusters = {c["name"]: c for c in document["static_resources"]["clusters"]}
     pairs = sorted(name for name in clusters if name.startswith("hedge__"))
-    assert pairs == sorted(f"hedge__hedged__{i}__{j}" for i in range(3) for j in range(3)
-                           if i != j)
-    pair = clusters["hedge__hedged__0__1"]
+    assert pairs == sorted(f"hedge__hedged__{i}__{'abc'[i]}__{j}__{'abc'[j]}"
+                           for i in range(3) for j in range(3) if i != j)
+    pair = clusters["hedge__hedged__0__a__1__b"]
     assert [(e.get("priority", 0),
              e["lb_endpoints"][0]["endpoint"]["address"]["envoy_internal_address"][
                  "server_listener_name"]) for e in pair["load_assignment"]["endpoints"]] == [
@@ -94,7 +94,8 @@ def test_without_hedging_nothing_of_it_is_rendered() -> None:
         "    hedge: {burst: 2, budget_percent: 50, min_deadline_ms: 100, "
         "max_deadline_seconds: 5}\n", ""))
     document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
-    assert "bootstrap_extensions" not in document
+    # The extension is always there: a reload may turn hedging on (no new bootstrap).
+    assert document["bootstrap_extensions"][0]["name"] == "envoy.bootstrap.internal_listener"
     assert len(document["static_resources"]["listeners"]) == 1
     assert not any(c["name"].startswith("hedge__")
                    for c in document["static_resources"]["clusters"])
@@ -140,13 +141,14 @@ def test_a_hedged_decision_goes_to_its_pair_with_the_deadline_as_per_try_timeout
     assert first.attempts[:2] == ("target__hedged__0__a", "target__hedged__1__b")
     outcome = forward(gateway, CHAT)
     headers = dict(outcome.set_headers)
-    assert outcome.attempts == ("hedge__hedged__0__1", "hedge__hedged__0__1")
+    assert outcome.attempts == ("hedge__hedged__0__a__1__b", "hedge__hedged__0__a__1__b")
     assert headers["x-envoy-max-retries"] == "1"
     assert headers["x-envoy-upstream-rq-per-try-timeout-ms"] == "800"
     assert headers["x-sidecar-route-class"] == "c1h"
     assert json.loads(outcome.body)["model"] == "ma"  # the primary's model first
     # The second attempt is retargeted for the pair's second target.
-    route = gateway.on_attempt_headers("hedge__hedged__0__1", {":path": "/a/v1/chat/completions"})
+    route = gateway.on_attempt_headers("hedge__hedged__0__a__1__b",
+                                       {":path": "/a/v1/chat/completions"})
     assert route.model_ref == "mb" and route.path == "/b/v1/chat/completions"
 
 
@@ -172,16 +174,16 @@ def test_the_budget_bounds_hedges_and_single_attempts_give_their_token_back() ->
     planned = [hedges.deadline_ms("hedged", "a/ma", view) for _ in range(4)]
     assert planned == [None, 5000, None, 5000]
     assert hedges.totals["hedged"].no_budget == 2
-    hedges.ended("hedge__hedged__0__1", 1, "a/ma")     # answered alone: token back
+    hedges.ended("hedge__hedged__0__a__1__b", 1, "a/ma")     # answered alone: token back
     assert hedges.deadline_ms("hedged", "a/ma", view) == 5000
-    hedges.ended("hedge__hedged__0__1", 2, "b/mb")     # the hedge served
-    hedges.ended("hedge__hedged__0__1", 2, "a/ma")     # the primary won after all
-    hedges.ended("hedge__gone__0__1", 1, None)         # a pair before a reload
+    hedges.ended("hedge__hedged__0__a__1__b", 2, "b/mb")     # the hedge served
+    hedges.ended("hedge__hedged__0__a__1__b", 2, "a/ma")     # the primary won after all
+    hedges.ended("hedge__gone__0__a__1__b", 1, None)   # a pair before a reload
     tally = hedges.totals["hedged"]
     assert (tally.hedged, tally.fired, tally.second_won) == (3, 2, 1)
     # Unspent budget piles up to the burst (2), no further.
     for _ in range(10):
-        hedges.ended("hedge__hedged__0__1", 1, "a/ma")
+        hedges.ended("hedge__hedged__0__a__1__b", 1, "a/ma")
     assert hedges._buckets["hedged"].tokens == 2.0
 
 
@@ -201,7 +203,7 @@ def pair_entry(status: int, listener: str, attempts: int = 1,
                **flags: bool) -> al.HTTPAccessLogEntry:
     message = al.HTTPAccessLogEntry()
     common = message.common_properties
-    common.upstream_cluster = "hedge__hedged__0__1"
+    common.upstream_cluster = "hedge__hedged__0__a__1__b"
     common.upstream_remote_address.envoy_internal_address.server_listener_name = listener
     common.upstream_request_attempt_count = attempts
     common.duration.FromMilliseconds(800)
@@ -234,5 +236,46 @@ def test_a_pair_clusters_entries_name_the_target_that_served_and_losers_are_no_f
     # The hedge cancelled because the primary won.
     cancelled = attempt_of(pair_entry(0, "target__hedged__1__b__hedge_in"), targets, groups)
     assert cancelled.target == "b/mb" and cancelled.outcome is Outcome.HEDGED_OUT
+    assert cancelled.duration_ms is None  # its wait was cut short: no lower bound
     failed = attempt_of(pair_entry(503, "target__hedged__0__a__hedge_in"), targets, groups)
     assert failed.outcome is Outcome.SERVER_ERROR
+
+
+def test_a_hedged_out_primary_gives_a_time_figure_and_counts_in_no_rate() -> None:
+    from sidecar.observe.records import Observation
+    from sidecar.observe.store import ObservationStore
+
+    store = ObservationStore(clock=lambda: 100.0)
+    store.record(Observation("a/ma", Outcome.OK, latency_ms=100, ttfb_ms=100))
+    store.record(Observation("a/ma", Outcome.HEDGED_OUT, ttfb_ms=900))
+    figures = store.get("a/ma", 600)
+    assert figures.count == 1 and figures.error_rate == 0.0
+    assert figures.p95_ttfb_ms >= 800
+
+
+def test_the_deadline_never_waits_longer_than_fallback_would() -> None:
+    config = load_config_text(CONFIG_TEXT.replace(
+        "fallback: {stream_idle_timeout_seconds: 30}",
+        "fallback: {stream_idle_timeout_seconds: 30, per_try_timeout_seconds: 4, "
+        "commit_at_first_event: true, first_token_timeout_seconds: 2}"))
+    hedges = Hedges(config)
+    view = ObservationSnapshot({})
+    hedges._buckets["hedged"].tokens = 2.0
+    assert hedges.deadline_ms("hedged", "a/ma", view, stream=True) == 2000
+    assert hedges.deadline_ms("hedged", "a/ma", view, stream=False) == 4000
+
+
+def test_a_reload_keeps_the_budget_of_an_unchanged_hedging_group() -> None:
+    hedges = Hedges(CONFIG)
+    hedges._buckets["hedged"].tokens = 1.5
+    hedges.totals["hedged"].hedged = 7
+    kept = Hedges(CONFIG, previous=hedges)
+    assert kept._buckets["hedged"].tokens == 1.5 and kept.totals["hedged"].hedged == 7
+    changed = Hedges(load_config_text(CONFIG_TEXT.replace("burst: 2", "burst: 3")),
+                     previous=hedges)
+    assert changed._buckets["hedged"].tokens == 0.0
+
+
+def test_hedging_needs_observations() -> None:
+    with pytest.raises(ConfigError, match="needs observations"):
+        load_config_text(CONFIG_TEXT + "observations: {enabled: false}\n")

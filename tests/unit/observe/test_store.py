@@ -108,7 +108,7 @@ def test_memory_is_bounded_after_a_million_observations() -> None:
                 total += sys.getsizeof(piece.outcomes)
         return total
 
-    outcomes = list(Outcome)
+    outcomes = [o for o in Outcome if o is not Outcome.HEDGED_OUT]  # a time figure only
     sizes = []
     for i in range(1_000_000):
         clock.now += 0.002  # 500 observations a second for 2,000 s
