@@ -9,6 +9,7 @@ Names avoid dots so Envoy's stat tag extraction keeps the whole name as `cluster
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 
 EXT_PROC_CLUSTER = "sidecar_ext_proc"
 # The decision's target order, as dynamic metadata read by Envoy's priority-group cluster
@@ -44,6 +45,17 @@ def hedge_pair_cluster_name(group: str, first: tuple[int, str], second: tuple[in
 
 
 HEDGE_CLUSTER_PREFIX = "hedge__"
+
+
+def hedge_pairs(group: str, providers: Sequence[str]) -> Iterator[tuple[int, int, str]]:
+    """(first, second, pair cluster name) for every ordered pair of a hedging group's
+    targets, given each target's provider: the one enumeration the bootstrap, the
+    runtime's routes and the hedge budgets share."""
+    for first, first_provider in enumerate(providers):
+        for second, second_provider in enumerate(providers):
+            if first != second:
+                yield first, second, hedge_pair_cluster_name(
+                    group, (first, first_provider), (second, second_provider))
 
 
 def bridge_cluster_name(group: str, index: int, provider: str, caller: str) -> str:

@@ -109,7 +109,9 @@ class Behaviour:
     reply_words: Callable[[dict[str, Any]], int] | None = None
     # A slow-start tail (bench/hedging.py): this share of requests, drawn from the seeded
     # source, waits `slow_start_s` more before anything is sent, as a provider does when a
-    # request queues behind others or lands on a cold replica.
+    # request queues behind others or lands on a cold replica. Timing only: the reply's
+    # framing, headers and usage are the endpoint's usual ones (no API document defines
+    # when a provider starts to answer).
     slow_start_share: float = 0.0
     slow_start_s: float = 0.0
 

@@ -65,7 +65,7 @@ from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.fallback import attempt_filters, target_circuit_breakers
 from sidecar.envoy_contract import (
     hedge_listener_name,
-    hedge_pair_cluster_name,
+    hedge_pairs,
     target_cluster_name,
 )
 
@@ -80,12 +80,12 @@ ROUTER_CONTROL_HEADERS = (
     "x-envoy-retriable-header-names", "x-envoy-upstream-stream-duration-ms")
 
 
-def hedging_targets(config: SidecarConfig) -> list[tuple[str, int, int]]:
-    """(group, first, second) for every ordered pair of a hedging group's targets."""
-    return [(name, first, second) for name, group in config.models.items()
+def hedging_targets(config: SidecarConfig) -> list[tuple[str, int, int, str]]:
+    """(group, first, second, pair cluster) for every ordered pair of a hedging group's
+    targets."""
+    return [(name, first, second, pair) for name, group in config.models.items()
             if group.hedge is not None
-            for first in range(len(group.targets)) for second in range(len(group.targets))
-            if first != second]
+            for first, second, pair in hedge_pairs(name, [t.provider for t in group.targets])]
 
 
 def target_clusters_of_hedging_groups(config: SidecarConfig) -> list[str]:
@@ -132,14 +132,12 @@ def _internal_endpoint(listener: str, priority: int) -> LocalityLbEndpoints:
                                lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=address))])
 
 
-def pair_cluster(config: SidecarConfig, group: str, first: int, second: int,
+def pair_cluster(config: SidecarConfig, group: str, first: int, second: int, name: str,
                  cleared: tuple[str, ...]) -> Cluster:
     """Target `first` at priority 0, `second` at priority 1, through their internal
     listeners. A second attempt is retargeted for `second` by the sidecar (it knows the
     pair from the cluster's name); credentials are the target clusters' business."""
     targets = config.models[group].targets
-    name = hedge_pair_cluster_name(group, (first, targets[first].provider),
-                                   (second, targets[second].provider))
     listeners = [hedge_listener_name(target_cluster_name(group, index, targets[index].provider))
                  for index in (first, second)]
     filters = attempt_filters(config.limits.sidecar_message_timeout_ms, cleared,

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.config.hedge_policy import HedgePolicy
-from sidecar.config.models import SidecarConfig, Target
+from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import hedge_pair_cluster_name
+from sidecar.envoy_contract import hedge_pairs
 from sidecar.gateway.runtime import PER_TRY_TIMEOUT_HEADER, Runtime, on_route
 from sidecar.routing.decision import TargetChoice
 from sidecar.routing.observations import ObservationView
@@ -50,11 +50,6 @@ class HedgeTally:
     fired: int = 0           # of the hedged, those that used a second upstream request
     #                          (the hedge, or a fallback after the first failed)
     second_won: int = 0      # of those, served by the second target
-
-
-def _pair_name(group: str, targets: Sequence[Target], first: int, second: int) -> str:
-    return hedge_pair_cluster_name(group, (first, targets[first].provider),
-                                   (second, targets[second].provider))
 
 
 class _Bucket:
@@ -100,13 +95,14 @@ class Hedges:
                           for name, group in self._groups.items()}
         self._routes = {name: config.hedge_route_classes[group.fallback.route_class]
                         for name, group in self._groups.items()}
-        # pair cluster → (group, the second target's label)
-        self._pairs = {
-            _pair_name(name, group.targets, first, second): (
-                name, f"{group.targets[second].provider}/{group.targets[second].model_ref}")
-            for name, group in self._groups.items()
-            for first in range(len(group.targets)) for second in range(len(group.targets))
-            if first != second}
+        # (group, first, second) → pair cluster, and pair cluster → (group, the second
+        # target's label)
+        self._names = {(name, first, second): pair for name, group in self._groups.items()
+                       for first, second, pair in hedge_pairs(
+                           name, [t.provider for t in group.targets])}
+        self._pairs = {pair: (name, f"{self._groups[name].targets[second].provider}/"
+                                    f"{self._groups[name].targets[second].model_ref}")
+                       for (name, _, second), pair in self._names.items()}
 
     def __contains__(self, group: str) -> bool:
         return group in self._policies
@@ -131,8 +127,7 @@ class Hedges:
         headers = on_route(((PER_TRY_TIMEOUT_HEADER, str(deadline)),
                             *((name, value) for name, value in base
                               if name != PER_TRY_TIMEOUT_HEADER)), self._routes[group])
-        return HedgePlan(_pair_name(group, self._groups[group].targets, first.index,
-                                    second.index), headers)
+        return HedgePlan(self._names[(group, first.index, second.index)], headers)
 
     def deadline_ms(self, group: str, primary: str, observations: ObservationView,
                     stream: bool = False) -> int | None:

@@ -24,7 +24,7 @@ from sidecar.envoy_contract import (
     ROUTE_CLASS_HEADER,
     bridge_cluster_name,
     hedge_listener_name,
-    hedge_pair_cluster_name,
+    hedge_pairs,
     target_cluster_name,
 )
 from sidecar.gateway.scan import scan_limit
@@ -191,16 +191,10 @@ class Runtime:
             listener = hedge_listener_name(target_cluster_name(group_name, index, target.provider))
             self.cluster_targets[listener] = f"{target.provider}/{target.model_ref}"
             self.cluster_groups[listener] = group_name
-            for second in range(len(group.targets)):
-                if second == index:
-                    continue
-                pair = hedge_pair_cluster_name(
-                    group_name, (second, group.targets[second].provider),
-                    (index, target.provider))
-                self.cluster_groups[pair] = group_name
-                for dialect in config.target_dialects(target):
-                    self.cluster_routes[(pair, dialect)] = self.routes[(group_name, index,
-                                                                        dialect)]
+        for _, second, pair in hedge_pairs(group_name, [t.provider for t in group.targets]):
+            self.cluster_groups[pair] = group_name
+            for dialect in config.target_dialects(group.targets[second]):
+                self.cluster_routes[(pair, dialect)] = self.routes[(group_name, second, dialect)]
 
     def _add_processed(self, config: SidecarConfig, group_name: str, index: int,
                        target: Target, bridges: bool, cached: bool) -> None:
