@@ -22,7 +22,13 @@ from urllib.parse import urlsplit
 
 import betterproto2
 import yaml
-from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
+from envoy_data_plane.envoy.config.bootstrap.v3 import (
+    Admin,
+    Bootstrap,
+    BootstrapStaticResources,
+    LayeredRuntime,
+    RuntimeLayer,
+)
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
 from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutationRules
 from envoy_data_plane.envoy.config.core.v3 import (
@@ -78,7 +84,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 )
 from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
-from envoy_data_plane.google.protobuf import Any
+from envoy_data_plane.google.protobuf import Any, Struct
 
 from sidecar.bridge.registry import processed_routes
 from sidecar.config.models import (
@@ -108,7 +114,11 @@ from sidecar.envoy_config.local_replies import client_http1_options, local_reply
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
 from sidecar.envoy_config.readiness import readiness_filter, sidecar_health_check
 from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
-from sidecar.envoy_config.response_headers import response_header_filter
+from sidecar.envoy_config.response_headers import (
+    RE2_PROGRAM_SIZE,
+    RE2_PROGRAM_SIZE_KEY,
+    response_header_filter,
+)
 from sidecar.envoy_config.routes import model_group_routes
 from sidecar.envoy_config.unasked_usage import unasked_usage_filter
 from sidecar.envoy_config.upstream_errors import (
@@ -209,6 +219,7 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
         overload_manager=_overload_manager(config),
         # File-based SDS (the provider keys) needs the node to have a name.
         node=Node(id="model-group-sidecar", cluster="model-group-sidecar"),
+        layered_runtime=_runtime(),
         admin=Admin(address=_address(addresses.admin)),
         static_resources=BootstrapStaticResources(
             listeners=listeners, clusters=clusters
@@ -269,6 +280,13 @@ def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
                 yield (bridge_cluster_name(group_name, index, target.provider,
                                            processed.suffix),
                        (target.provider, dialects, processed.suffix), through_sidecar)
+
+
+def _runtime() -> LayeredRuntime:
+    """One static layer: the RE2 program size the response-header allowlist needs
+    (response_headers.py). No admin layer: runtime values are not changed from outside."""
+    static = Struct.from_dict({RE2_PROGRAM_SIZE_KEY: RE2_PROGRAM_SIZE})
+    return LayeredRuntime(layers=[RuntimeLayer(name="sidecar", static_layer=static)])
 
 
 def _overload_manager(config: SidecarConfig) -> OverloadManager:

@@ -47,6 +47,10 @@ def gateway_bootstrap() -> dict:
                               "socket_address": {"address": "127.0.0.1",
                                                  "port_value": 18081}}}}]}]}}]},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        # Istio's gateway bootstrap raises Envoy's RE2 program-size bound to this in its
+        # static runtime layer (the response-header allowlist's regex needs more than 100).
+        "layered_runtime": {"layers": [{"name": "global config", "static_layer": {
+            "re2.max_program_size.error_level": 32768}}]},
         "node": {"id": "gateway", "cluster": "gateway"}}
 
 
