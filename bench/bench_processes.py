@@ -214,15 +214,29 @@ def sidecar_config(strategy: str, fast_port: int, drip_url: str, token: str) -> 
             "      - {provider: drip, model_ref: drip-b}\n")
 
 
+def tree_environment(tree: Path) -> dict:
+    """Popen arguments that make `python -m sidecar` import `tree`'s package. PYTHONPATH
+    alone does not: `-m` puts the working directory first on sys.path, so from this
+    repository's root it would import this tree (which made every versus_revision.py run
+    before 2026-12-03 compare this tree with itself). Checked, not assumed."""
+    where = {"cwd": str(tree), "env": {**os.environ, "PYTHONPATH": str(tree)}}
+    imported = subprocess.run([sys.executable, "-c", "import sidecar; print(sidecar.__file__)"],
+                              check=True, capture_output=True, text=True, **where).stdout
+    if not Path(imported.strip()).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the sidecar package of {tree} is not the one imported: {imported}")
+    return where
+
+
 def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
                   token: str, processes: int = 1, extra_config: str = "",
                   config_text: str | None = None, apart: frozenset[str] = frozenset(),
-                  render_tree: Path | None = None,
+                  tree: Path | None = None,
                   edit: Callable[[dict], None] | None = None) -> tuple[Processes, int]:
     """Envoy + `processes` sidecar processes (one ext_proc cluster endpoint each; Envoy
     spreads the ext_proc streams over them). `extra_config`: top-level YAML appended;
-    `config_text`: a whole configuration instead of the SPEC's group; `render_tree`: the
-    source tree whose `render-envoy` makes Envoy's bootstrap (default: this one); `edit`:
+    `config_text`: a whole configuration instead of the SPEC's group; `tree`: the source
+    tree whose code the sidecar processes run and whose `render-envoy` makes Envoy's
+    bootstrap (default: this one; see `tree_environment`); `edit`:
     changes the rendered bootstrap (as data) before Envoy starts. Provider keys come from
     this process's environment, which Envoy inherits (SDS files in `workdir` name them)."""
     config = workdir / f"sidecar-{strategy}.yaml"
@@ -233,18 +247,19 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
     token_file = workdir / f"sidecar-{strategy}.grpc-token"
     token = ensure_channel_token(token_file)
     running = Processes(apart=apart)
+    where = tree_environment(tree) if tree is not None else {}
     for index, grpc_port in enumerate(grpc_ports):
         admin_http = free_port()
         running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(
             [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
              f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
              "--grpc-token-file", str(token_file), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where))
         wait_http(admin_http, "/healthz")
     secrets = workdir / f"secrets-{listen}"
     addresses = EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
                                ext_proc=f"127.0.0.1:{grpc_ports[0]}", secrets_dir=str(secrets))
-    if render_tree is None:
+    if tree is None:
         loaded = load_config_text(config.read_text())
         write_sds_files(loaded, secrets)
         document = yaml.safe_load(render_envoy_yaml(loaded, addresses, token))
@@ -252,9 +267,9 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
         document = yaml.safe_load(subprocess.run(
             [sys.executable, "-m", "sidecar", "render-envoy", "--config", str(config),
              "--listen", addresses.listen, "--admin", addresses.admin, "--ext-proc",
-             addresses.ext_proc, "--grpc-token-file", str(token_file)],
-            env={**os.environ, "PYTHONPATH": str(render_tree)}, check=True,
-            capture_output=True, text=True).stdout)
+             addresses.ext_proc, "--grpc-token-file", str(token_file),
+             "--secrets-dir", str(secrets), "--sds-output", str(secrets)],
+            check=True, capture_output=True, text=True, **where).stdout)
     for cluster in document["static_resources"]["clusters"]:
         if cluster["name"] == "sidecar_ext_proc":
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]

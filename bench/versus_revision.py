@@ -14,7 +14,6 @@ Usage:  .venv/bin/python bench/versus_revision.py --old-tree /tmp/old [--rounds 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -36,9 +35,8 @@ STREAMS = 100
 
 def measure(tree: Path, workdir: Path, fast_port: int, drip_url: str,
             seconds: float) -> tuple[float, ...]:
-    os.environ["PYTHONPATH"] = str(tree)  # the sidecar process imports this tree's code
     processes, port = sidecar_stack(workdir, "dynamic_score", fast_port, drip_url, TOKEN,
-                                    render_tree=tree)
+                                    tree=tree)
     try:
         run_wrk(port, CHAT_PATH, "adaptive-agent", TOKEN, 32, min(seconds, 2.0))
         before = processes.cpu_seconds()

@@ -14,11 +14,10 @@ message, serialized and copied again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
 
 from sidecar.envoy_contract import (
     CLUSTER_ATTRIBUTE,
@@ -40,11 +39,15 @@ def header_map(message: ext.HttpHeaders) -> dict[str, str]:
     return headers
 
 
-def _set(headers: Iterable[tuple[str, str]]) -> list[HeaderValueOption]:
-    return [
-        HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
-        for k, v in headers
-    ]
+def _add_sets(target: Any, headers: Iterable[tuple[str, str]]) -> None:
+    """Header sets added in place: building each option by its constructor and extending
+    copies every option twice (a nested message passed to a constructor goes through a
+    serialize/parse round with upb, and `extend` copies again) — on every request."""
+    for key, value in headers:
+        option = target.add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = _OVERWRITE
 
 
 def attempt_cluster(request: ext.ProcessingRequest) -> str | None:
@@ -72,33 +75,35 @@ def continue_headers(headers: Mapping[str, str],
 
 
 def immediate(reply: Reply) -> ext.ProcessingResponse:
-    headers = {"content-type": reply.content_type, **dict(reply.headers)}
-    return ext.ProcessingResponse(
-        immediate_response=ext.ImmediateResponse(
-            status=HttpStatus(code=reply.status),  # type: ignore[arg-type]
-            headers=ext.HeaderMutation(set_headers=_set(headers.items())),
-            body=reply.body,
-            details=SIDECAR_REPLY_DETAILS,
-        )
-    )
+    response = ext.ProcessingResponse()
+    answer = response.immediate_response
+    answer.status.code = reply.status  # type: ignore[assignment]
+    _add_sets(answer.headers.set_headers,
+              {"content-type": reply.content_type, **dict(reply.headers)}.items())
+    answer.body = reply.body
+    answer.details = SIDECAR_REPLY_DETAILS
+    return response
 
 
-_ORDERS: dict[tuple[str, ...], Struct] = {}
+_ORDERS: dict[tuple[str, ...], bytes] = {}
 _ORDERS_MAX = 4096
 
 
-def attempt_order(clusters: tuple[str, ...]) -> Struct:
-    """Dynamic metadata for Envoy's priority-group cluster specifier: one group per attempt,
-    one cluster per group. Orders repeat a lot, so built messages are kept (bounded)."""
+def attempt_order(clusters: tuple[str, ...]) -> bytes:
+    """Dynamic metadata for Envoy's priority-group cluster specifier (one group per attempt,
+    one cluster per group), as the encoding of a ProcessingResponse holding only it: sent
+    after the rest of the answer, it parses as that answer's metadata (protobuf merges
+    concatenated messages). Orders repeat a lot, so encodings are kept (bounded) and no
+    request copies a Struct."""
     order = _ORDERS.get(clusters)
     if order is None:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
-        order = Struct()
-        order.update({ROUTE_NAMESPACE: {"priority_groups": [
+        holder = ext.ProcessingResponse()
+        holder.dynamic_metadata.update({ROUTE_NAMESPACE: {"priority_groups": [
             {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
             for n, cluster in enumerate(clusters, 1)]}})
-        _ORDERS[clusters] = order
+        order = _ORDERS[clusters] = holder.SerializeToString()
     return order
 
 
@@ -125,25 +130,35 @@ def _varint(value: int) -> bytes:
 
 
 class BodyAnswer:
-    """An answer to a buffered request body: `response` (header changes, metadata) without
-    the body, and the new body as pieces. `wire_parts` is what goes on the wire;
-    `SerializeToString` joins it, for tests and tools."""
+    """An answer to a buffered request body in wire pieces: `response` (header changes),
+    then `metadata` (an encoded attempt order, `attempt_order`), then — when the body is
+    not inside `response` — the new body's pieces behind its field's own encoding.
+    `wire_parts` is what goes on the wire; `SerializeToString` joins it, for tests and
+    tools."""
 
-    __slots__ = ("body_parts", "response")
+    __slots__ = ("body_parts", "metadata", "response")
 
-    def __init__(self, response: ext.ProcessingResponse, body_parts: BodyParts) -> None:
+    def __init__(self, response: ext.ProcessingResponse, body_parts: BodyParts = (),
+                 metadata: bytes = b"") -> None:
         self.response = response
         self.body_parts = body_parts
+        self.metadata = metadata
 
     def wire_parts(self) -> list[bytes | memoryview]:
+        parts: list[bytes | memoryview] = [self.response.SerializeToString()]
+        if self.metadata:
+            parts.append(self.metadata)
+        if not self.body_parts:
+            return parts
         size = body_size(self.body_parts)
         heads = []
         for number in reversed(_BODY_PATH):  # each field wraps the one inside it
             head = _varint(number << 3 | 2) + _varint(size)
             heads.append(head)
             size += len(head)
-        return [self.response.SerializeToString(), b"".join(reversed(heads)),
-                *self.body_parts]
+        parts.append(b"".join(reversed(heads)))
+        parts.extend(self.body_parts)
+        return parts
 
     def SerializeToString(self) -> bytes:  # named like the protobuf method it stands in for
         return b"".join(self.wire_parts())
@@ -164,15 +179,16 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     (with upb, through a serialize/parse round)."""
     response = ext.ProcessingResponse()
     common = response.request_body.response
-    common.header_mutation.set_headers.extend(_set(set_headers))
+    _add_sets(common.header_mutation.set_headers, set_headers)
     common.header_mutation.remove_headers.extend(remove_headers)
+    metadata = b""
     if attempts is not None:
         common.clear_route_cache = True
-        response.dynamic_metadata.CopyFrom(attempt_order(attempts))
+        metadata = attempt_order(attempts)
     if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
-        return response
-    return BodyAnswer(response, body)
+        return BodyAnswer(response, (), metadata) if metadata else response
+    return BodyAnswer(response, body, metadata)
 
 
 def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
@@ -193,7 +209,7 @@ def release_body(facts: Mapping[str, float | str],
     headers (still held) get `set_headers`."""
     response = ext.ProcessingResponse(response_body=ext.BodyResponse())
     if set_headers:
-        response.response_body.response.header_mutation.set_headers.extend(_set(set_headers))
+        _add_sets(response.response_body.response.header_mutation.set_headers, set_headers)
     if facts:
         response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
     return response
@@ -203,8 +219,8 @@ def retry_held_reply(status: int) -> ext.ProcessingResponse:
     """The held reply's headers, with a status the router retries on the next target (the
     reply itself is an in-band failure behind a 200)."""
     response = ext.ProcessingResponse()
-    response.response_headers.response.header_mutation.set_headers.extend(
-        _set(((":status", str(status)),)))
+    _add_sets(response.response_headers.response.header_mutation.set_headers,
+              ((":status", str(status)),))
     return response
 
 
@@ -226,7 +242,7 @@ def bridge_request(rewrite: Rewrite) -> ext.ProcessingResponse | BodyAnswer:
 def bridge_response_headers(rewrite: Rewrite) -> ext.ProcessingResponse:
     response = ext.ProcessingResponse()
     mutation = response.response_headers.response.header_mutation
-    mutation.set_headers.extend(_set(rewrite.set_headers))
+    _add_sets(mutation.set_headers, rewrite.set_headers)
     mutation.remove_headers.extend(rewrite.remove_headers)
     return response
 
@@ -239,7 +255,7 @@ def bridge_empty_answer(headers: Rewrite, answer: Rewrite) -> ext.ProcessingResp
     common = response.response_headers.response
     common.status = ext.CommonResponse.CONTINUE_AND_REPLACE
     chosen = dict(headers.set_headers) | dict(answer.set_headers)
-    common.header_mutation.set_headers.extend(_set(tuple(chosen.items())))
+    _add_sets(common.header_mutation.set_headers, chosen.items())
     common.header_mutation.remove_headers.extend(
         name for name in (*headers.remove_headers, *answer.remove_headers) if name not in chosen)
     if answer.body is not None:
@@ -252,7 +268,7 @@ def bridge_response_body(rewrite: Rewrite) -> ext.ProcessingResponse:
     headers have not left Envoy yet)."""
     response = ext.ProcessingResponse()
     common = response.response_body.response
-    common.header_mutation.set_headers.extend(_set(rewrite.set_headers))
+    _add_sets(common.header_mutation.set_headers, rewrite.set_headers)
     common.header_mutation.remove_headers.extend(rewrite.remove_headers)
     if rewrite.body is not None:  # None: the answer passes unchanged
         common.body_mutation.body = rewrite.body

@@ -227,6 +227,11 @@ def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],
 
 
 class TelemetrySink(Protocol):
+    def wants(self, request_id: str) -> bool:
+        """Whether `finished` is to be called for this request (building the result costs
+        about as much as the observation: the quota ledger wants only its callers')."""
+        ...
+
     def finished(self, result: RequestResult) -> None: ...
 
     def fallback(self, transition: Transition) -> None: ...
@@ -241,6 +246,9 @@ class FanOut:
 
     def __init__(self, sinks: list[TelemetrySink]) -> None:
         self._sinks = sinks
+
+    def wants(self, request_id: str) -> bool:
+        return any(sink.wants(request_id) for sink in self._sinks)
 
     def finished(self, result: RequestResult) -> None:
         for sink in self._sinks:
@@ -314,11 +322,12 @@ class AccessLogReceiver:
                     self._transition(transition)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
-        if self._telemetry is None and not hedged:
+        wanted = self._telemetry is not None and self._telemetry.wants(entry.request.request_id)
+        if not wanted and not hedged:
             return
         result = result_of(entry, self._targets)
-        if self._telemetry is not None:
-            self._telemetry.finished(result)
+        if wanted:
+            self._telemetry.finished(result)  # type: ignore[union-attr]
         if hedged:
             self._hedges().ended(cluster, result.attempts, result.serving_target)
 

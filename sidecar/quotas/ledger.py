@@ -59,6 +59,10 @@ class QuotaLedger:
         if request_id in self._pending:
             self._estimates[request_id] = estimate
 
+    def wants(self, request_id: str) -> bool:
+        """Only requests of callers with quotas are pending here."""
+        return request_id in self._pending
+
     def finished(self, result: RequestResult) -> None:
         """The access log's entry for a request (the TelemetrySink interface)."""
         entry = self._pending.pop(result.request_id, None)

@@ -83,6 +83,9 @@ class TelemetryHandoff:
     def decided(self, facts: DecisionFacts) -> None:
         self._add(("d", decision_record(facts)))
 
+    def wants(self, request_id: str) -> bool:
+        return True  # every request has a row
+
     def finished(self, result: RequestResult) -> None:
         self._add(("r", result_record(result)))
 

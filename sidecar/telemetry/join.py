@@ -54,6 +54,9 @@ class Joiner:
             self._write(oldest, None, "evicted")
         self._pending[decision.request_id] = (self._clock(), decision)
 
+    def wants(self, request_id: str) -> bool:
+        return True  # every request has a row, joined or log-only
+
     def finished(self, result: RequestResult) -> None:
         """The request's access-log entry arrived: one joined row (or a log-only one)."""
         entry = self._pending.pop(result.request_id, None)

@@ -167,9 +167,13 @@ def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None
     assert isinstance(answer, messages.BodyAnswer)
     assert any(isinstance(part, memoryview) for part in answer.wire_parts())  # not joined
     small = gateway.on_body(pending, b'{"model": "g"}')
-    assert isinstance(messages.forward(small), ext.ProcessingResponse)  # body inside
+    message, order = messages.forward(small).wire_parts()  # body inside, then the order
+    assert b'"g"' not in message and order == messages.attempt_order(small.attempts)
     ordinary = ext.ProcessingResponse()
     ordinary.CopyFrom(answer.response)
+    ordinary.dynamic_metadata.update({"sidecar.route": {"priority_groups": [
+        {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
+        for n, cluster in enumerate(outcome.attempts, 1)]}})
     ordinary.request_body.response.body_mutation.body = outcome.body
     parsed = ext.ProcessingResponse.FromString(answer.SerializeToString())
     assert parsed == ordinary
