@@ -86,11 +86,14 @@ def outcome_of(flags: al.ResponseFlags, status: int, answered: bool = False) -> 
     return Outcome.OK
 
 
-def answered_stream(entry: al.HTTPAccessLogEntry, usage_keys: Mapping[str, object]) -> bool:
+def answered_stream(entry: al.HTTPAccessLogEntry, usage_keys: Mapping[str, object],
+                    content_type: str | None = None) -> bool:
     """An event stream whose usage was read: every dialect sends its final usage in the
     last event but one (Chat's usage chunk before `[DONE]`, Anthropic's `message_delta`
-    before `message_stop`, Responses' `response.completed`), so the caller had the answer."""
-    content_type = entry.response.response_headers.get(CONTENT_TYPE, "")
+    before `message_stop`, Responses' `response.completed`), so the caller had the answer.
+    `content_type`: the reply's, when the caller has read it already."""
+    if content_type is None:
+        content_type = entry.response.response_headers.get(CONTENT_TYPE, "")
     return USAGE_KEY in usage_keys and content_type.startswith("text/event-stream")
 
 
@@ -128,19 +131,21 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     if (target is None or common.response_flags.response_from_cache_filter
             or entry.response.response_code_details in _GATEWAY_FAILURES):
         return None
-    status = entry.response.response_code.value
+    response = entry.response
+    status = response.response_code.value
+    headers = response.response_headers
+    content_type = headers.get(CONTENT_TYPE, "")
     first_tx = _ms(common.time_to_first_upstream_tx_byte) or 0.0
     first_rx = _ms(common.time_to_first_upstream_rx_byte)
     last_rx = _ms(common.time_to_last_upstream_rx_byte)
     metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
     usage_keys = metadata.fields if metadata is not None else {}
     usage = usage_of(_numbers(usage_keys))
-    outcome = outcome_of(common.response_flags, status, answered_stream(entry, usage_keys))
+    outcome = outcome_of(common.response_flags, status,
+                         answered_stream(entry, usage_keys, content_type))
     if outcome is Outcome.OK and 200 <= status < 300:
-        headers = entry.response.response_headers
         shape = usage_keys[SHAPE_KEY].string_value if SHAPE_KEY in usage_keys else ""
-        if invalid_body(headers.get(CONTENT_TYPE, ""), headers.get(CONTENT_ENCODING, ""),
-                        usage_keys, shape):
+        if invalid_body(content_type, headers.get(CONTENT_ENCODING, ""), usage_keys, shape):
             outcome = Outcome.INVALID_RESPONSE
     upstream_ms = (last_rx - first_tx) if last_rx is not None else None
     latency_ms = _ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration)
@@ -157,8 +162,7 @@ def observation_of(entry: al.HTTPAccessLogEntry,
         output_tokens=usage.output_tokens,
         input_tokens=usage.input_tokens,
         cache_read_tokens=usage.cache_read_tokens,
-        streamed=entry.response.response_headers.get(CONTENT_TYPE, "").startswith(
-            "text/event-stream"),
+        streamed=content_type.startswith("text/event-stream"),
     )
 
 

@@ -37,7 +37,10 @@ class Histogram:
         self.total = 0
 
     def add(self, value_ms: float) -> None:
-        index = bucket_of(value_ms)
+        self.add_to(bucket_of(value_ms))
+
+    def add_to(self, index: int) -> None:
+        """One value whose bucket is known (`bucket_of`)."""
         self.counts[index] = self.counts.get(index, 0) + 1
         self.total += 1
 

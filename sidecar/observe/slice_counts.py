@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from sidecar.observe.histogram import BUCKETS, Histogram
+from sidecar.observe.histogram import BUCKETS, Histogram, bucket_of
 from sidecar.observe.records import Observation, Outcome
 
 # A published slice is a few hundred bytes; anything far larger is not one of ours.
@@ -41,33 +41,38 @@ class SliceCounts:
     cache_read_tokens: float = 0.0     # and the part of it read from the prompt cache
 
     def add(self, observation: Observation) -> None:
-        if observation.outcome is Outcome.HEDGED_OUT:
+        self.add_contribution(Contribution(observation))
+
+    def add_contribution(self, contribution: Contribution) -> None:
+        """What one observation adds (the store adds it to a slice, the running total and
+        the lifetime: worked out once, added three times)."""
+        if contribution.outcome is Outcome.HEDGED_OUT:
             # A hedged primary cancelled before its first byte: it would have taken at
             # least this long. A time figure only; no count or rate counts it.
-            if observation.ttfb_ms is not None:
-                self.ttfb.add(observation.ttfb_ms)
+            if contribution.ttfb is not None:
+                self.ttfb.add_to(contribution.ttfb)
             return
         self.count += 1
-        self.outcomes[observation.outcome] = self.outcomes.get(observation.outcome, 0) + 1
-        self.failed_over += int(observation.failed_over)
-        if observation.outcome is Outcome.OK:
-            if observation.latency_ms is not None:
-                self.latency.add(observation.latency_ms)
-            if observation.ttfb_ms is not None:
-                self.ttfb.add(observation.ttfb_ms)
-            per_token = observation.ms_per_output_token
-            if per_token is not None:
-                self.per_token.add(per_token)
-            work = observation.work_ms
-            if work is not None:
-                self.work.add(work)
-            if observation.output_tokens_per_s is not None:
-                self.tokens += observation.output_tokens or 0
-                self.token_seconds += (observation.upstream_ms or 0) / 1000
-            if observation.input_tokens:
-                self.input_tokens += observation.input_tokens
-                self.cache_read_tokens += min(observation.cache_read_tokens or 0,
-                                              observation.input_tokens)
+        outcomes = self.outcomes
+        outcomes[contribution.outcome] = outcomes.get(contribution.outcome, 0) + 1
+        self.failed_over += contribution.failed_over
+        if contribution.outcome is not Outcome.OK:
+            return
+        if contribution.latency is not None:
+            self.latency.add_to(contribution.latency)
+        if contribution.ttfb is not None:
+            self.ttfb.add_to(contribution.ttfb)
+        if contribution.per_token is not None:
+            self.per_token.add_to(contribution.per_token)
+        if contribution.work is not None:
+            self.work.add_to(contribution.work)
+        if contribution.timed_tokens:
+            self.tokens += contribution.tokens
+            self.token_seconds += contribution.token_seconds
+        if contribution.input_tokens:
+            self.input_tokens += contribution.input_tokens
+            self.cache_read_tokens += contribution.cache_read_tokens
+
 
     def merge(self, other: SliceCounts, sign: int = 1) -> None:
         self.count += sign * other.count
@@ -91,6 +96,49 @@ class SliceCounts:
         duplicate = SliceCounts(self.start)
         duplicate.merge(self)
         return duplicate
+
+
+class Contribution:
+    """One observation as the figures a slice adds: its histogram buckets and sums."""
+
+    __slots__ = ("cache_read_tokens", "failed_over", "input_tokens", "latency", "outcome",
+                 "per_token", "timed_tokens", "token_seconds", "tokens", "ttfb", "work")
+    outcome: Outcome
+    failed_over: int
+    ttfb: int | None          # histogram bucket indexes (`bucket_of`)
+    latency: int | None
+    per_token: int | None
+    work: int | None
+    timed_tokens: bool        # the reply has a throughput: `tokens` over `token_seconds`
+    tokens: float
+    token_seconds: float
+    input_tokens: float
+    cache_read_tokens: float
+
+    def __init__(self, observation: Observation) -> None:
+        self.outcome = outcome = observation.outcome
+        self.failed_over = int(observation.failed_over)
+        self.ttfb = _bucket(observation.ttfb_ms)
+        self.latency = self.per_token = self.work = None
+        self.timed_tokens = False
+        self.tokens = self.token_seconds = self.input_tokens = self.cache_read_tokens = 0.0
+        if outcome is not Outcome.OK:
+            return
+        self.latency = _bucket(observation.latency_ms)
+        self.per_token = _bucket(observation.ms_per_output_token)
+        self.work = _bucket(observation.work_ms)
+        if observation.output_tokens_per_s is not None:
+            self.timed_tokens = True
+            self.tokens = observation.output_tokens or 0
+            self.token_seconds = (observation.upstream_ms or 0) / 1000
+        if observation.input_tokens:
+            self.input_tokens = observation.input_tokens
+            self.cache_read_tokens = min(observation.cache_read_tokens or 0,
+                                         observation.input_tokens)
+
+
+def _bucket(value_ms: float | None) -> int | None:
+    return None if value_ms is None else bucket_of(value_ms)
 
 
 def _histograms(counts: SliceCounts) -> tuple[tuple[str, Histogram], ...]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from sidecar.observe.records import Observation, Outcome
-from sidecar.observe.slice_counts import SliceCounts
+from sidecar.observe.slice_counts import Contribution, SliceCounts
 from sidecar.routing.observations import TargetObservations
 
 if TYPE_CHECKING:
@@ -133,16 +133,17 @@ class ObservationStore:
         if piece.start != current:
             piece.__init__()  # type: ignore[misc]  # reuse: already out of the total
             piece.start = current
-        piece.add(observation)
-        state.total.add(observation)
-        state.lifetime.add(observation)
+        contribution = Contribution(observation)
+        piece.add_contribution(contribution)
+        state.total.add_contribution(contribution)
+        state.lifetime.add_contribution(contribution)
         if self._sharing:
             own = state.own.get(current)
             if own is None:
                 own = state.own[current] = SliceCounts(current)
                 for number in [n for n in state.own if n < current - OWN_SLICES + 1]:
                     del state.own[number]
-            own.add(observation)
+            own.add_contribution(contribution)
 
     def share(self) -> None:
         """From now on keep this replica's own counts apart (fleet/observations.py)."""
