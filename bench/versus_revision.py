@@ -7,7 +7,7 @@ Envoy half shows too); rows alternate round by round. A stream's time to its fir
 is measured on the demo provider's stream group. Make the other tree with
 `git worktree add /tmp/old <rev>`.
 
-Usage:  .venv/bin/python bench/versus_revision.py --old-tree /tmp/old [--rounds 4]
+Usage:  .venv/bin/python bench/versus_revision.py --old-tree /tmp/old [--new-tree T] [--rounds 4]
         [--seconds 4] [--output F]      (wrk from Debian's package must be installed)
 """
 
@@ -54,12 +54,14 @@ def measure(tree: Path, workdir: Path, fast_port: int, drip_url: str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old-tree", type=Path, required=True)
+    parser.add_argument("--new-tree", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the tree to compare (default: this one)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     trees = {"other revision": args.old_tree.resolve(),
-             "this tree": Path(__file__).resolve().parents[1]}
+             "this tree": args.new_tree.resolve()}
     results: dict[str, list[tuple[float, ...]]] = {name: [] for name in trees}
     with ProviderThread([FakeProvider("drip")]) as drip, \
             tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +76,8 @@ def main() -> int:
                     time.sleep(0.5)
         finally:
             provider.stop()
-    lines = [f"## This tree vs {args.old_tree}: {args.rounds} alternating rounds; medians", "",
+    lines = [f"## {trees['this tree']} vs {trees['other revision']}: {args.rounds} alternating "
+             "rounds; medians", "",
              f"| row | {' | '.join(NAMES)} |", "|---" * (len(NAMES) + 1) + "|"]
     medians = {}
     for name, rows in results.items():
