@@ -182,3 +182,39 @@ def test_a_429_that_names_a_wait_keeps_its_target_out_for_that_long_and_no_longe
     assert store.retry_after_s("p/m") == pytest.approx(30.0)  # an hour, capped
     attempt(429)  # no wait named: nothing changes
     assert store.retry_after_s("p/m") == pytest.approx(30.0)
+
+
+def test_results_are_built_only_for_requests_a_sink_wants() -> None:
+    """Issue #32: a request row costs about as much as the observation, so it is built
+    only when some sink asks for it — the quota ledger for its own callers' requests,
+    telemetry for every request."""
+    from envoy.service.accesslog.v3 import als_pb2
+
+    from sidecar.observe.access_log import AccessLogReceiver, FanOut
+    from sidecar.observe.store import ObservationStore
+
+    class Sink:
+        def __init__(self, wanted: set[str]) -> None:
+            self.wanted, self.finished_ids = wanted, []
+
+        def wants(self, request_id: str) -> bool:
+            return request_id in self.wanted
+
+        def finished(self, result) -> None:
+            self.finished_ids.append(result.request_id)
+
+        def fallback(self, transition) -> None:
+            pass
+
+    quota_like, telemetry_like = Sink({"r-quota"}), Sink(set())
+    store = ObservationStore(retention_seconds=600, slice_seconds=10, refresh_seconds=0)
+    receiver = AccessLogReceiver(store, TARGETS, {"target__g__0__p": "g"},
+                                 telemetry=FanOut([quota_like, telemetry_like]))
+    message = als_pb2.StreamAccessLogsMessage()
+    for request_id in ("r-quota", "r-other"):
+        logged = entry()
+        logged.request.request_id = request_id
+        message.http_logs.log_entry.append(logged)
+    receiver.receive(message, per_attempt=False)
+    assert quota_like.finished_ids == telemetry_like.finished_ids == ["r-quota"]
+    assert store.summary("p/m", 600).figures.count == 2  # observations whatever the sinks
