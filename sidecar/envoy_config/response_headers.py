@@ -27,7 +27,6 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 )
 from envoy_data_plane.envoy.type.matcher.v3 import (
     RegexMatcher,
-    RegexMatcherGoogleRe2,
     StringMatcher,
 )
 from envoy_data_plane.google.protobuf import Any
@@ -81,8 +80,9 @@ def complement_regex(allowed: frozenset[str]) -> str:
 
 
 def response_header_filter(config: SidecarConfig) -> HttpFilter:
+    # No `google_re2` field: deprecated in this API (Envoy warns at start); RE2 is the
+    # default engine.
     matcher = StringMatcher(safe_regex=RegexMatcher(
-        google_re2=RegexMatcherGoogleRe2(),
         regex=complement_regex(returned_response_headers(config))))
     mutation = HeaderMutation(mutations=Mutations(response_mutations=[HeaderMutationRule(
         remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=matcher))]))
