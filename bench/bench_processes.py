@@ -247,41 +247,45 @@ def sidecar_stack(workdir: Path, strategy: str, fast_port: int, drip_url: str,
     token_file = workdir / f"sidecar-{strategy}.grpc-token"
     token = ensure_channel_token(token_file)
     running = Processes(apart=apart)
-    where = tree_environment(tree) if tree is not None else {}
-    for index, grpc_port in enumerate(grpc_ports):
-        admin_http = free_port()
-        running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
-             f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
-             "--grpc-token-file", str(token_file), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where))
-        wait_http(admin_http, "/healthz")
-    secrets = workdir / f"secrets-{listen}"
-    addresses = EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
-                               ext_proc=f"127.0.0.1:{grpc_ports[0]}", secrets_dir=str(secrets))
-    if tree is None:
-        loaded = load_config_text(config.read_text())
-        write_sds_files(loaded, secrets)
-        document = yaml.safe_load(render_envoy_yaml(loaded, addresses, token))
-    else:
-        document = yaml.safe_load(subprocess.run(
-            [sys.executable, "-m", "sidecar", "render-envoy", "--config", str(config),
-             "--listen", addresses.listen, "--admin", addresses.admin, "--ext-proc",
-             addresses.ext_proc, "--grpc-token-file", str(token_file),
-             "--secrets-dir", str(secrets), "--sds-output", str(secrets)],
-            check=True, capture_output=True, text=True, **where).stdout)
-    for cluster in document["static_resources"]["clusters"]:
-        if cluster["name"] == "sidecar_ext_proc":
-            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
-            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-                {**endpoint, "endpoint": {"address": {"socket_address": {
-                    "address": "127.0.0.1", "port_value": port}}}} for port in grpc_ports]
-    if edit is not None:
-        edit(document)
-    envoy_file = workdir / f"envoy-{strategy}.yaml"
-    envoy_file.write_text(yaml.safe_dump(document))
-    running.named = {"envoy": start_envoy(envoy_file, "error"), **running.named}
-    wait_http(listen)
+    try:  # whatever fails on the way, nothing started here is left running
+        where = tree_environment(tree) if tree is not None else {}
+        for index, grpc_port in enumerate(grpc_ports):
+            admin_http = free_port()
+            running.add("sidecar" if index == 0 else f"sidecar{index + 1}", subprocess.Popen(
+                [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--listen",
+                 f"127.0.0.1:{grpc_port}", "--admin-http", f"127.0.0.1:{admin_http}",
+                 "--grpc-token-file", str(token_file), "--log-level", "warning"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where))
+            wait_http(admin_http, "/healthz")
+        secrets = workdir / f"secrets-{listen}"
+        addresses = EnvoyAddresses(listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{free_port()}",
+                                   ext_proc=f"127.0.0.1:{grpc_ports[0]}", secrets_dir=str(secrets))
+        if tree is None:
+            loaded = load_config_text(config.read_text())
+            write_sds_files(loaded, secrets)
+            document = yaml.safe_load(render_envoy_yaml(loaded, addresses, token))
+        else:
+            document = yaml.safe_load(subprocess.run(
+                [sys.executable, "-m", "sidecar", "render-envoy", "--config", str(config),
+                 "--listen", addresses.listen, "--admin", addresses.admin, "--ext-proc",
+                 addresses.ext_proc, "--grpc-token-file", str(token_file),
+                 "--secrets-dir", str(secrets), "--sds-output", str(secrets)],
+                check=True, capture_output=True, text=True, **where).stdout)
+        for cluster in document["static_resources"]["clusters"]:
+            if cluster["name"] == "sidecar_ext_proc":
+                endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+                cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+                    {**endpoint, "endpoint": {"address": {"socket_address": {
+                        "address": "127.0.0.1", "port_value": port}}}} for port in grpc_ports]
+        if edit is not None:
+            edit(document)
+        envoy_file = workdir / f"envoy-{strategy}.yaml"
+        envoy_file.write_text(yaml.safe_dump(document))
+        running.named = {"envoy": start_envoy(envoy_file, "error"), **running.named}
+        wait_http(listen)
+    except BaseException:
+        running.stop()
+        raise
     return running, listen
 
 
