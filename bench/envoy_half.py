@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from bench_processes import TOKEN, sidecar_stack, start_envoy_direct
 from envoy_pieces import KEY_ENV, config_with_keys
 from mode_runner import publish
 from side_by_side import CHAT_PATH, Row, Started, alternate
+from telemetry_cost import rows_written
 
 from sidecar.devstack.harness import ProviderThread
 
@@ -51,14 +50,7 @@ class WrittenRows:
 
     def __call__(self, started: Started, figures: dict[str, float]) -> None:
         expected = self._seen + int(figures["requests"])
-        deadline = time.monotonic() + 120
-        count = self._seen
-        while time.monotonic() < deadline:
-            with sqlite3.connect(self._db) as db:
-                count = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
-            if count >= expected:
-                break
-            time.sleep(0.2)
+        count = rows_written(self._db, expected)
         written, self._seen = count - self._seen, count
         figures["rows_missing"] = float(expected - count)
         cpu = started.processes.cpu_seconds()
@@ -77,9 +69,7 @@ def rows(fast_port: int, drip: ProviderThread, workdir: Path) -> list[Row]:
     def sidecar(strategy: str, telemetry: Path | None, processes: int
                 ) -> Callable[[Path], Started]:
         def start(work: Path) -> Started:
-            text = config_with_keys(fast_port, drip_url, TOKEN)
-            if strategy != "dynamic_score":
-                text = text.replace("strategy: dynamic_score", f"strategy: {strategy}")
+            text = config_with_keys(fast_port, drip_url, TOKEN, strategy)
             extra = f"telemetry: {{sqlite_path: '{telemetry}'}}\n" if telemetry else ""
             running, port = sidecar_stack(work, strategy, fast_port, drip_url, "",
                                           processes=processes, config_text=text,

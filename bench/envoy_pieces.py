@@ -156,10 +156,11 @@ PIECES: dict[str, tuple[Edit, str]] = {
 STREAMS = {"ext_proc": "by_path", "priority_group": "none"}
 
 
-def config_with_keys(fast_port: int, drip_url: str, token: str) -> str:
-    """The SPEC's group, each provider with a key in the environment (so Envoy injects
-    it), as a real deployment has them."""
-    text = sidecar_config("dynamic_score", fast_port, drip_url, token)
+def config_with_keys(fast_port: int, drip_url: str, token: str,
+                     strategy: str = "dynamic_score") -> str:
+    """The SPEC's group under `strategy`, each provider with a key in the environment (so
+    Envoy injects it), as a real deployment has them."""
+    text = sidecar_config(strategy, fast_port, drip_url, token)
     return text.replace("credential: null", f"credential: {{env: {KEY_ENV}}}")
 
 

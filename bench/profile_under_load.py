@@ -106,9 +106,8 @@ def main() -> int:
         workdir = Path(tmp)
         provider, fast_port = fast_provider(workdir)
         wait_http(fast_port, CHAT_PATH)
-        config = config_with_keys(fast_port, drip_server.base_url("drip"), TOKEN)
-        if args.strategy != "dynamic_score":
-            config = config.replace("strategy: dynamic_score", f"strategy: {args.strategy}")
+        config = config_with_keys(fast_port, drip_server.base_url("drip"), TOKEN,
+                                  args.strategy)
         stack, port = sidecar_stack(workdir, args.strategy, fast_port, "", "",
                                     config_text=config)
         try:

@@ -52,6 +52,18 @@ def rows(fast_port: int, drip: ProviderThread, workdir: Path, control: bool) -> 
     return table
 
 
+def rows_written(db_path: Path, expected: int, timeout_s: float = 120.0) -> int:
+    """The telemetry database's request rows once there are `expected` of them, or as many
+    as there are after `timeout_s` (the worker runs niced: under load it trails)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sqlite3.connect(db_path) as db:
+            count = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
+        if count >= expected or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.2)
+
+
 class Settle:
     """After an 'on' row's measurements: wait until the worker has written a row for every
     request of the phase (it runs niced, so under load it may trail), then take its whole
@@ -63,14 +75,7 @@ class Settle:
 
     def __call__(self, started: Started, figures: dict[str, float]) -> None:
         expected = self._seen + int(figures["requests"])
-        deadline = time.monotonic() + 120
-        count = self._seen
-        while time.monotonic() < deadline:
-            with sqlite3.connect(self._db) as db:
-                count = db.execute("SELECT count(*) FROM request_rows").fetchone()[0]
-            if count >= expected:
-                break
-            time.sleep(0.2)
+        count = rows_written(self._db, expected)
         rows = count - self._seen
         self._seen = count
         figures["rows_missing"] = float(expected - count)

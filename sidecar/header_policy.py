@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from sidecar.config.models import Credential, SidecarConfig
 from sidecar.dialects.apis import Dialect
+from sidecar.envoy_contract import ROUTE_CLASS_HEADER
 
 # Headers that carry a caller's own credentials; never sent to a provider.
 CALLER_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization")
@@ -40,7 +41,7 @@ REQUEST_ALLOWLIST = frozenset({
 # no route), and removed by each target cluster's upstream filters instead.
 # The route class is removed by the listener's route configuration already; an Istio
 # gateway's routes are its own, so the target clusters remove it too.
-ROUTING_ONLY_HEADERS = ("x-forwarded-proto", "x-sidecar-route-class")
+ROUTING_ONLY_HEADERS = ("x-forwarded-proto", ROUTE_CLASS_HEADER)
 
 RESPONSE_ALLOWLIST = frozenset({
     "content-type",

@@ -86,14 +86,10 @@ def outcome_of(flags: al.ResponseFlags, status: int, answered: bool = False) -> 
     return Outcome.OK
 
 
-def answered_stream(entry: al.HTTPAccessLogEntry, usage_keys: Mapping[str, object],
-                    content_type: str | None = None) -> bool:
+def answered_stream(content_type: str, usage_keys: Mapping[str, object]) -> bool:
     """An event stream whose usage was read: every dialect sends its final usage in the
     last event but one (Chat's usage chunk before `[DONE]`, Anthropic's `message_delta`
-    before `message_stop`, Responses' `response.completed`), so the caller had the answer.
-    `content_type`: the reply's, when the caller has read it already."""
-    if content_type is None:
-        content_type = entry.response.response_headers.get(CONTENT_TYPE, "")
+    before `message_stop`, Responses' `response.completed`), so the caller had the answer."""
     return USAGE_KEY in usage_keys and content_type.startswith("text/event-stream")
 
 
@@ -142,7 +138,7 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     usage_keys = metadata.fields if metadata is not None else {}
     usage = usage_of(_numbers(usage_keys))
     outcome = outcome_of(common.response_flags, status,
-                         answered_stream(entry, usage_keys, content_type))
+                         answered_stream(content_type, usage_keys))
     if outcome is Outcome.OK and 200 <= status < 300:
         shape = usage_keys[SHAPE_KEY].string_value if SHAPE_KEY in usage_keys else ""
         if invalid_body(content_type, headers.get(CONTENT_ENCODING, ""), usage_keys, shape):
@@ -182,7 +178,8 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
         serving_target=targets.get(served_by(common)),
         attempts=common.upstream_request_attempt_count,
         error_class=outcome_of(common.response_flags, status,
-                               answered_stream(entry, usage_keys)).value,
+                               answered_stream(entry.response.response_headers.get(
+                                   CONTENT_TYPE, ""), usage_keys)).value,
         latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
         ttfb_ms=(first_rx - (first_tx or 0.0)) if first_rx is not None else None,
         input_tokens=usage.input_tokens,
@@ -326,12 +323,14 @@ class AccessLogReceiver:
                     self._transition(transition)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
-        wanted = self._telemetry is not None and self._telemetry.wants(entry.request.request_id)
-        if not wanted and not hedged:
+        telemetry = self._telemetry
+        if telemetry is not None and not telemetry.wants(entry.request.request_id):
+            telemetry = None
+        if telemetry is None and not hedged:
             return
         result = result_of(entry, self._targets)
-        if wanted:
-            self._telemetry.finished(result)  # type: ignore[union-attr]
+        if telemetry is not None:
+            telemetry.finished(result)
         if hedged:
             self._hedges().ended(cluster, result.attempts, result.serving_target)
 

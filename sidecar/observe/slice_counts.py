@@ -73,7 +73,6 @@ class SliceCounts:
             self.input_tokens += contribution.input_tokens
             self.cache_read_tokens += contribution.cache_read_tokens
 
-
     def merge(self, other: SliceCounts, sign: int = 1) -> None:
         self.count += sign * other.count
         for outcome, n in other.outcomes.items():
