@@ -18,8 +18,8 @@ that comes back later (a client reusing one) cannot pair with a stale failure.
 The per-attempt log leaves out attempts that answered without a failure flag
 (envoy_config/observation_filters.py): the attempt after the last failure is known from
 the request's own entry instead (`answered`: its target and its number of attempts).
-That entry arrives on another stream, before or after the failures; when it comes first
-it waits (bounded like the failures) for the attempt count's failures to arrive.
+That entry arrives on another stream, before, between or after the failures; until the
+attempt count's failures have all arrived it waits (bounded like the failures).
 
 Each followed failure yields one `Transition`: an observation against the failed target
 (`failed_over`, so reliability signals see it) and the `fallback_transition` event.
@@ -132,12 +132,20 @@ class AttemptTracker:
         self._expire(now)
         if not request_id or attempts < 2:
             return None
-        previous = self._pending.pop(request_id, None)
-        if previous is not None and previous[0].group == group:
+        to_come = attempts - 1
+        previous = self._pending.get(request_id)
+        if previous is not None and previous[0].group != group:
+            del self._pending[request_id]  # a stale failure of a reused id
+        elif previous is not None:
             failed, number, _ = previous
-            return Transition(group, failed.target, target, failed.outcome.value, number,
-                              failed.duration_ms, request_id)
-        self._answers[request_id] = (group, target, attempts - 1, now)
+            if number >= to_come:
+                del self._pending[request_id]
+                return Transition(group, failed.target, target, failed.outcome.value,
+                                  number, failed.duration_ms, request_id)
+            # Later failures are still on their way (the streams interleave): the last
+            # of them completes this answer, the one waiting pairs with the next.
+            to_come -= number
+        self._answers[request_id] = (group, target, to_come, now)
         while len(self._answers) > self._max_pending:
             self._answers.popitem(last=False)
         return None

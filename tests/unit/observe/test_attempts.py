@@ -96,6 +96,29 @@ def test_the_requests_own_entry_completes_the_last_failure_in_either_order() -> 
     assert tracker.answered("r4", "other", "p/b", 2) is None
 
 
+@given(failures=st.integers(1, 5), data=st.data())
+def test_the_requests_own_entry_may_arrive_between_its_failures(failures: int,
+                                                                  data: st.DataObject) -> None:
+    """The two log streams interleave freely (a CI run saw the request's entry arrive
+    after the first of two failures): the chain comes out whole and in order wherever the
+    entry falls."""
+    outcomes = [Outcome.SERVER_ERROR, Outcome.RATE_LIMITED, Outcome.RESET,
+                Outcome.UPSTREAM_TIMEOUT, Outcome.SERVER_ERROR]
+    targets = [f"p/t{n}" for n in range(failures + 1)]
+    position = data.draw(st.integers(0, failures))
+    tracker = AttemptTracker()
+    transitions: list[Transition] = []
+    for n in range(failures):
+        if n == position:
+            transitions += filter(None, [tracker.answered("r1", "g", targets[-1], failures + 1)])
+        transitions += tracker.add(attempt(targets[n], outcomes[n]))
+    if position == failures:
+        transitions += filter(None, [tracker.answered("r1", "g", targets[-1], failures + 1)])
+    assert transitions == [Transition("g", targets[n], targets[n + 1], outcomes[n].value,
+                                      n + 1, 12.5) for n in range(failures)]
+    assert len(tracker) == 0
+
+
 def test_answers_waiting_for_their_failures_stay_bounded_and_expire() -> None:
     now = [0.0]
     tracker = AttemptTracker(max_pending=10, max_age_s=60, clock=lambda: now[0])
