@@ -9,16 +9,13 @@ Shape: one listener whose HTTP connection manager runs the router-level ext_proc
 (request headers + buffered body, nothing on the response path) and then the router; one
 route whose attempts follow the target order the sidecar put in dynamic metadata, with
 retries to the next target before the response starts (fallback.py); one cluster per target
-plus one for the sidecar.
+plus one for the sidecar (clusters.py).
 """
 
 from __future__ import annotations
 
 import copy
-import ipaddress
-from collections.abc import Callable, Iterator
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 import betterproto2
 import yaml
@@ -29,27 +26,13 @@ from envoy_data_plane.envoy.config.bootstrap.v3 import (
     LayeredRuntime,
     RuntimeLayer,
 )
-from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
 from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutationRules
 from envoy_data_plane.envoy.config.core.v3 import (
     Address,
-    DataSource,
     GrpcService,
     GrpcServiceEnvoyGrpc,
-    Http1ProtocolOptions,
-    Http2ProtocolOptions,
     Node,
     SocketAddress,
-    TransportSocket,
-)
-from envoy_data_plane.envoy.config.core.v3 import (
-    HttpProtocolOptions as HttpProtocolOptionsCore,
-)
-from envoy_data_plane.envoy.config.endpoint.v3 import (
-    ClusterLoadAssignment,
-    Endpoint,
-    LbEndpoint,
-    LocalityLbEndpoints,
 )
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.overload.v3 import OverloadManager, ResourceMonitor
@@ -71,37 +54,17 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 from envoy_data_plane.envoy.extensions.resource_monitors.downstream_connections.v3 import (
     DownstreamConnectionsConfig,
 )
-from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
-    CertificateValidationContext,
-    CommonTlsContext,
-    SubjectAltNameMatcher,
-    SubjectAltNameMatcherSanType,
-    UpstreamTlsContext,
-)
-from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
-    HttpProtocolOptions,
-    HttpProtocolOptionsExplicitHttpConfig,
-)
-from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Any, Struct
 
-from sidecar.bridge.registry import processed_routes
-from sidecar.config.models import (
-    Provider,
-    SidecarConfig,
-    Target,
-)
-from sidecar.envoy_config.addresses import EnvoyAddresses, find_ca_bundle, split_host_port
-from sidecar.envoy_config.bridges import bridge_filters
+from sidecar.config.models import SidecarConfig
+from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
 from sidecar.envoy_config.channel import CHANNEL_TOKEN_PLACEHOLDER, add_channel_token
-from sidecar.envoy_config.credentials import injector_filters
+from sidecar.envoy_config.clusters import ext_proc_cluster, target_clusters
 from sidecar.envoy_config.fallback import (
     add_attempt_order,
-    attempt_filters,
     no_target_cluster,
     request_only_mode,
-    target_circuit_breakers,
 )
 from sidecar.envoy_config.hedging import (
     hedge_listener,
@@ -112,8 +75,7 @@ from sidecar.envoy_config.hedging import (
 )
 from sidecar.envoy_config.local_replies import client_http1_options, local_reply_config
 from sidecar.envoy_config.observation_filters import access_log, usage_filters
-from sidecar.envoy_config.readiness import readiness_filter, sidecar_health_check
-from sidecar.envoy_config.reply_gate import first_event_gate, undeclared_length_gate
+from sidecar.envoy_config.readiness import readiness_filter
 from sidecar.envoy_config.response_headers import (
     RE2_PROGRAM_SIZE,
     RE2_PROGRAM_SIZE_KEY,
@@ -124,8 +86,6 @@ from sidecar.envoy_config.unasked_usage import unasked_usage_filter
 from sidecar.envoy_config.upstream_errors import (
     RESET_CLOSE_DELAY,
     final_upstream_errors,
-    held_reply_limit,
-    hold_bounded_replies,
     kept_response_headers,
 )
 from sidecar.envoy_contract import (
@@ -133,18 +93,12 @@ from sidecar.envoy_contract import (
     EXT_PROC_CLUSTER,
     ROUTE_CLASS_HEADER,
     ROUTE_NAMESPACE,
-    SESSION_KEY_HEADER,
     USAGE_UNASKED_HEADER,
-    bridge_cluster_name,
-    target_cluster_name,
 )
-from sidecar.grpcwire.limits import ServerLimits
-from sidecar.header_policy import cluster_stripped_headers, credential_headers
+from sidecar.header_policy import credential_headers
 
-HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 # libyaml's emitter where PyYAML has it: 20× faster on a bootstrap of thousands of clusters.
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-ENVOY_SIDECAR_IDLE_SECONDS = ServerLimits().idle_timeout * 0.8
 CLIENT_ADDRESS_HEADERS = ("x-forwarded-for", "x-envoy-external-address", "x-envoy-internal")
 
 
@@ -202,7 +156,7 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
     """Typed part of the bootstrap: everything but the target clusters (unless
     `with_targets`), which `bootstrap_document` adds from templates, and the route's
     cluster specifier, which it adds too."""
-    clusters = [_ext_proc_cluster(addresses.ext_proc), no_target_cluster()]
+    clusters = [ext_proc_cluster(addresses.ext_proc), no_target_cluster()]
     if with_targets:
         clusters += [build(name) for name, _, build in target_clusters(config, addresses)]
     listeners = [_listener(config, addresses.listen)]
@@ -227,61 +181,6 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
     )
 
 
-ClusterBuilder = Callable[[str], Cluster]
-
-
-def target_clusters(config: SidecarConfig, addresses: EnvoyAddresses
-                    ) -> Iterator[tuple[str, tuple[object, ...], ClusterBuilder]]:
-    """Every target cluster: (name, template key, builder). Two clusters with the same key
-    differ only in their names."""
-    message_timeout_ms = config.limits.sidecar_message_timeout_ms
-    cleared = credential_headers(config)
-    # A bounded reply is held until complete, so one that breaks is retried.
-    held = hold_bounded_replies(held_reply_limit(config.limits.max_request_body_bytes))
-    undeclared = undeclared_length_gate(message_timeout_ms, cleared)
-    for group_name, group in config.models.items():
-        # Streams of this group wait for their first event before the caller is answered.
-        first_event = (group.fallback.first_event_wait_seconds
-                       if group.fallback.commit_at_first_event else None)
-        for index, target in enumerate(group.targets):
-            provider = config.providers[target.provider]
-            dialects = tuple(config.target_dialects(target))
-            stripped = cluster_stripped_headers(config, target.provider)
-
-            def injectors(target: Target = target) -> list[HttpFilter]:
-                return injector_filters(config, target, addresses.secrets_dir)
-
-            def native(name: str, provider: Provider = provider, stripped: tuple = stripped,
-                       held: HttpFilter = held, injectors: Callable = injectors,
-                       first_event: float | None = first_event) -> Cluster:
-                gates = [undeclared]
-                if first_event is not None:
-                    gates.append(first_event_gate(first_event, cleared))
-                filters = [held, *gates, *attempt_filters(message_timeout_ms, cleared,
-                                                          stripped, injectors())]
-                return _target_cluster(name, provider, addresses.ca_bundle, filters)
-
-            yield (target_cluster_name(group_name, index, target.provider),
-                   (target.provider, dialects, "native", first_event), native)
-            for processed in processed_routes(dialects, group.bridges,
-                                              group.caches_responses):
-                # A session never retries: its key may be stripped before the provider.
-                also = (SESSION_KEY_HEADER,) if processed.kind == "session" else ()
-
-                def through_sidecar(name: str, provider: Provider = provider,
-                                    stripped: tuple = (*stripped, *also),
-                                    held: HttpFilter = held,
-                                    injectors: Callable = injectors) -> Cluster:
-                    return _target_cluster(
-                        name, provider, addresses.ca_bundle,
-                        bridge_filters(message_timeout_ms, cleared, stripped, held,
-                                       injectors()))
-
-                yield (bridge_cluster_name(group_name, index, target.provider,
-                                           processed.suffix),
-                       (target.provider, dialects, processed.suffix), through_sidecar)
-
-
 def _runtime() -> LayeredRuntime:
     """One static layer: the RE2 program size the response-header allowlist needs
     (response_headers.py). No admin layer: runtime values are not changed from outside."""
@@ -301,14 +200,6 @@ def _overload_manager(config: SidecarConfig) -> OverloadManager:
 def _address(host_port: str) -> Address:
     host, port = split_host_port(host_port)
     return Address(socket_address=SocketAddress(address=host, port_value=port))
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _listener(config: SidecarConfig, listen: str) -> Listener:
@@ -388,76 +279,3 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             )
         ],
     )
-
-
-def _endpoints(name: str, host: str, port: int) -> ClusterLoadAssignment:
-    endpoint = Endpoint(
-        address=Address(socket_address=SocketAddress(address=host, port_value=port)),
-        hostname=host,
-    )
-    return ClusterLoadAssignment(
-        cluster_name=name,
-        endpoints=[LocalityLbEndpoints(lb_endpoints=[LbEndpoint(endpoint=endpoint)])],
-    )
-
-
-def _discovery(host: str) -> ClusterDiscoveryType:
-    return ClusterDiscoveryType.STATIC if _is_ip(host) else ClusterDiscoveryType.STRICT_DNS
-
-
-def _ext_proc_cluster(address: str) -> Cluster:
-    host, port = split_host_port(address)
-    options = HttpProtocolOptions(
-        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-            http2_protocol_options=Http2ProtocolOptions()
-        ),
-        # Envoy closes an idle connection to the sidecar before the sidecar's own idle
-        # timeout would (ServerLimits.idle_timeout), so a new ext_proc stream never races a
-        # GOAWAY from the sidecar.
-        common_http_protocol_options=HttpProtocolOptionsCore(
-            idle_timeout=timedelta(seconds=ENVOY_SIDECAR_IDLE_SECONDS)),
-    )
-    return Cluster(
-        name=EXT_PROC_CLUSTER,
-        type=_discovery(host),
-        connect_timeout=timedelta(seconds=1),
-        load_assignment=_endpoints(EXT_PROC_CLUSTER, host, port),
-        typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
-        health_checks=[sidecar_health_check()],
-    )
-
-
-def _target_cluster(name: str, provider: Provider, ca_bundle: str | None,
-                    filters: list[HttpFilter]) -> Cluster:
-    parts = urlsplit(provider.base_url)
-    host = parts.hostname or ""
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    protocol = (HttpProtocolOptionsExplicitHttpConfig(
-        http2_protocol_options=Http2ProtocolOptions()) if provider.protocol == "http2"
-        else HttpProtocolOptionsExplicitHttpConfig(http_protocol_options=Http1ProtocolOptions()))
-    options = HttpProtocolOptions(explicit_http_config=protocol, http_filters=filters)
-    cluster = Cluster(
-        name=name,
-        type=_discovery(host),
-        connect_timeout=timedelta(seconds=provider.connect_timeout_seconds),
-        load_assignment=_endpoints(name, host, port),
-        typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
-        circuit_breakers=target_circuit_breakers(),
-    )
-    if tls:
-        # Verify the chain (system trust store unless a CA file is given) *and* that the
-        # certificate names this host: without a SAN matcher Envoy accepts any trusted cert.
-        validation = CertificateValidationContext(
-            match_typed_subject_alt_names=[SubjectAltNameMatcher(
-                san_type=SubjectAltNameMatcherSanType.DNS, matcher=StringMatcher(exact=host))],
-        )
-        validation.trusted_ca = DataSource(filename=ca_bundle or find_ca_bundle())
-        context = UpstreamTlsContext(sni=host, common_tls_context=CommonTlsContext(
-            validation_context=validation,
-            # HTTP/2 over TLS is asked for in the handshake (a server without h2 refuses).
-            alpn_protocols=["h2"] if provider.protocol == "http2" else []))
-        cluster.transport_socket = TransportSocket(
-            name="envoy.transport_sockets.tls", typed_config=Any.pack(context)
-        )
-    return cluster
