@@ -28,6 +28,7 @@ class ResponseCaches:
                         for name in cached_groups(config)}
         self.stores = {name: AnswerStore(config.models[name].response_cache, clock)  # type: ignore[arg-type]
                        for name in self._shared}
+        self._max_request_s = max_request_s
         self.slots = Slots(MAX_SLOTS, max_request_s, clock)
 
     @classmethod
@@ -50,6 +51,7 @@ class ResponseCaches:
             if group in self.stores and store.policy == self.stores[group].policy:
                 self.stores[group] = store
         self.slots = previous.slots
+        self.slots.max_age_s = self._max_request_s
 
     def __contains__(self, group: str) -> bool:
         return group in self.stores

@@ -18,7 +18,7 @@ class Slots:
     def __init__(self, max_slots: int, max_age_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._max = max_slots
-        self._max_age = max_age_s
+        self.max_age_s = max_age_s  # a reload may lengthen it
         self._clock = clock
         self._slots: OrderedDict[str, tuple[str, bytes, float]] = OrderedDict()
         self.dropped = 0
@@ -32,7 +32,7 @@ class Slots:
         self._slots[slot] = (group, key, now)
         while self._slots:
             oldest, (_, _, at) = next(iter(self._slots.items()))
-            if len(self._slots) <= self._max and now - at < self._max_age:
+            if len(self._slots) <= self._max and now - at < self.max_age_s:
                 break
             del self._slots[oldest]
             self.dropped += 1
@@ -41,6 +41,6 @@ class Slots:
     def take(self, slot: str) -> tuple[str, bytes] | None:
         """The slot's (group, key), once: the first successful attempt stores."""
         entry = self._slots.pop(slot, None)
-        if entry is None or self._clock() - entry[2] >= self._max_age:
+        if entry is None or self._clock() - entry[2] >= self.max_age_s:
             return None
         return entry[0], entry[1]

@@ -113,6 +113,10 @@ def served_by(common: al.AccessLogCommon) -> str:
 _ASKS_TO_WAIT = frozenset({429, 503, 529})
 
 
+# Flags of the caller's side of a request: its answering attempt may still be clean.
+_CALLER_SIDE_FLAGS = frozenset({"downstream_connection_termination",
+                                "downstream_remote_reset"})
+
 # Envoy's own failures on a reply the provider sent whole: not the target's doing.
 _GATEWAY_FAILURES = frozenset({"response_payload_too_large"})
 
@@ -268,17 +272,19 @@ class AccessLogReceiver:
                  groups: Mapping[str, str] | None = None,
                  attempt_window_s: float = 3600.0, telemetry: TelemetrySink | None = None,
                  wall_clock: Callable[[], float] = time.time,
-                 hedges: Callable[[], HedgeSink] | None = None) -> None:
+                 hedges: Callable[[], HedgeSink] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`targets` and `groups` map Envoy cluster names to ``provider/model_ref`` and to
         the model group; `attempt_window_s` is the longest a request's attempts can span;
         `telemetry` receives every request's result and every fallback transition;
         `wall_clock` reads the rate-limit headers that name a moment; `hedges` gives the
-        current hedge budgets the end of each hedged request (gateway/hedging.py)."""
+        current hedge budgets the end of each hedged request (gateway/hedging.py); `clock`
+        ages the entries waiting for their other half."""
         self._store = store
         self._wall_clock = wall_clock
         self._targets = targets
         self._groups = groups or {}
-        self._attempts = AttemptTracker(max_age_s=attempt_window_s)
+        self._attempts = AttemptTracker(max_age_s=attempt_window_s, clock=clock)
         self._telemetry = telemetry
         self._hedges = hedges
         # Entries received per log (`/metrics`): the per-attempt log carries only failed
@@ -288,11 +294,23 @@ class AccessLogReceiver:
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
 
-    def remap(self, targets: Mapping[str, str], groups: Mapping[str, str]) -> None:
+    def remap(self, targets: Mapping[str, str], groups: Mapping[str, str],
+              attempt_window_s: float) -> None:
         """A reload's cluster names, added to the ones before: requests that started under
-        the previous configuration are still logged under its clusters."""
+        the previous configuration are still logged under its clusters. The window is
+        the longest a request can now take (operations/reload.py: it only grows)."""
         self._targets = {**self._targets, **targets}
         self._groups = {**self._groups, **groups}
+        self._attempts.max_age_s = attempt_window_s
+
+    @property
+    def attempt_window_s(self) -> float:
+        return self._attempts.max_age_s
+
+    @property
+    def attempts_waiting(self) -> int:
+        """Per-attempt entries and request entries waiting for their other half."""
+        return len(self._attempts)
 
     def receive(self, message: als_pb2.StreamAccessLogsMessage, per_attempt: bool) -> None:
         entries = message.http_logs.log_entry
@@ -311,16 +329,8 @@ class AccessLogReceiver:
         if observation is not None:
             self._store.record(observation)
             common = entry.common_properties
-            if (common.upstream_request_attempt_count > 1
-                    and 200 <= entry.response.response_code.value < 300
-                    and not common.response_flags.ListFields()):
-                # (With a flag, the answering attempt is in the per-attempt log itself.)
-                # The attempt after the last failure: not in the per-attempt log.
-                transition = self._attempts.answered(
-                    entry.request.request_id, self._groups.get(served_by(common), ""),
-                    observation.target, common.upstream_request_attempt_count)
-                if transition is not None:
-                    self._transition(transition)
+            if common.upstream_request_attempt_count > 1:
+                self._answered(entry, common, observation.target)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
         telemetry = self._telemetry
@@ -333,6 +343,24 @@ class AccessLogReceiver:
             telemetry.finished(result)
         if hedged:
             self._hedges().ended(cluster, result.attempts, result.serving_target)
+
+    def _answered(self, entry: al.HTTPAccessLogEntry, common: al.AccessLogCommon,
+                  target: str) -> None:
+        """A request of several attempts: the attempt after its last failure is not in
+        the per-attempt log when it answered cleanly. A caller's hang-up (a flag of the
+        caller's side: the openai SDK closes at `[DONE]`) leaves the attempt clean; any
+        other flag puts the answering attempt in the per-attempt log itself."""
+        request_id = entry.request.request_id
+        flags = common.response_flags.ListFields()
+        if (200 <= entry.response.response_code.value < 300
+                and all(field.name in _CALLER_SIDE_FLAGS for field, _ in flags)):
+            transition = self._attempts.answered(
+                request_id, self._groups.get(served_by(common), ""), target,
+                common.upstream_request_attempt_count)
+            if transition is not None:
+                self._transition(transition)
+        else:
+            self._attempts.ended(request_id)
 
     def _attempt(self, entry: al.HTTPAccessLogEntry) -> None:
         attempt = attempt_of(entry, self._targets, self._groups)

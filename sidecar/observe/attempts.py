@@ -19,7 +19,12 @@ The per-attempt log leaves out attempts that answered without a failure flag
 (envoy_config/observation_filters.py): the attempt after the last failure is known from
 the request's own entry instead (`answered`: its target and its number of attempts).
 That entry arrives on another stream, before, between or after the failures; until the
-attempt count's failures have all arrived it waits (bounded like the failures).
+attempt count's failures have all arrived it waits (bounded like the failures). A caller's
+hang-up flags that entry but not the attempt (the openai SDK closes at `[DONE]`), so it
+still pairs (access_log.py). When the answering attempt is in the per-attempt log itself
+(it carried a flag: a hedge's primary past the hedge deadline) or a hedge's cancelled
+loser is, the request is *settled*: its own entry completes nothing and ends the wait
+(`ended` for entries that pair nothing), so nothing stays behind whichever comes first.
 
 Each followed failure yields one `Transition`: an observation against the failed target
 (`failed_over`, so reliability signals see it) and the `fallback_transition` event.
@@ -83,13 +88,17 @@ class AttemptTracker:
         self._pending: OrderedDict[str, tuple[Attempt, int, float]] = OrderedDict()
         # request id → (group, the target that answered, failures still to come, when seen)
         self._answers: OrderedDict[str, tuple[str, str, int, float]] = OrderedDict()
+        # request id → when seen: requests of several attempts whose answering attempt (or
+        # hedge loser) was in the per-attempt log, so their own entry, which ends the
+        # wait (`answered` or `ended`), has nothing left to complete.
+        self._settled: OrderedDict[str, float] = OrderedDict()
         self._max_pending = max_pending
-        self._max_age_s = max_age_s
+        self.max_age_s = max_age_s  # a reload may change it (the longest deadline)
         self._clock = clock
 
     def __len__(self) -> int:
-        """Entries waiting for their other half: failures and answered requests."""
-        return len(self._pending) + len(self._answers)
+        """Entries waiting for their other half: failures, answered and settled requests."""
+        return len(self._pending) + len(self._answers) + len(self._settled)
 
     def add(self, attempt: Attempt) -> list[Transition]:
         """Record one attempt's entry; returns the transitions it completes: from the
@@ -97,9 +106,10 @@ class AttemptTracker:
         answered, to the target that answered."""
         now = self._clock()
         self._expire(now)
-        if not attempt.request_id:
+        request_id = attempt.request_id
+        if not request_id:
             return []
-        previous = self._pending.pop(attempt.request_id, None)
+        previous = self._pending.pop(request_id, None)
         transitions = []
         number = 1
         if previous is not None and previous[0].group == attempt.group:
@@ -107,19 +117,24 @@ class AttemptTracker:
             number = failed_number + 1
             transitions.append(Transition(failed.group, failed.target, attempt.target,
                                           failed.outcome.value, failed_number,
-                                          failed.duration_ms, attempt.request_id))
+                                          failed.duration_ms, request_id))
         if attempt.outcome in _NOT_FAILURES:
+            if number > 1 or request_id in self._answers:
+                # The attempt that answered is in this log itself (it carried a flag): the
+                # request's own entry has nothing to complete, before or after this one.
+                self._settle(request_id, now)
             return transitions
-        answer = self._answers.pop(attempt.request_id, None)
+        answer = self._answers.get(request_id)
         if answer is not None and answer[0] == attempt.group:
             group, target, to_come, seen = answer
             if to_come <= 1:
+                del self._answers[request_id]
                 transitions.append(Transition(group, attempt.target, target,
                                               attempt.outcome.value, number,
-                                              attempt.duration_ms, attempt.request_id))
+                                              attempt.duration_ms, request_id))
                 return transitions
-            self._answers[attempt.request_id] = (group, target, to_come - 1, seen)
-        self._pending[attempt.request_id] = (attempt, number, now)
+            self._answers[request_id] = (group, target, to_come - 1, seen)  # keeps its place
+        self._pending[request_id] = (attempt, number, now)
         while len(self._pending) > self._max_pending:
             self._pending.popitem(last=False)
         return transitions
@@ -130,7 +145,7 @@ class AttemptTracker:
         the transition from its last failure, or waits for its failures to arrive."""
         now = self._clock()
         self._expire(now)
-        if not request_id or attempts < 2:
+        if not request_id or attempts < 2 or self._settled.pop(request_id, None) is not None:
             return None
         to_come = attempts - 1
         previous = self._pending.get(request_id)
@@ -150,19 +165,32 @@ class AttemptTracker:
             self._answers.popitem(last=False)
         return None
 
+    def ended(self, request_id: str) -> None:
+        """The request's own entry, when it completes nothing (not answered, or answered
+        at its first attempt): a settled request is done with."""
+        self._settled.pop(request_id, None)
+
     def forget(self, request_id: str) -> None:
-        """A request whose attempts pair with nothing more (a hedge's cancelled loser)."""
-        self._answers.pop(request_id, None)
+        """A request whose attempts pair with nothing more (a hedge's cancelled loser):
+        its own entry, if it comes later, completes nothing."""
+        if self._answers.pop(request_id, None) is None and request_id:
+            self._settle(request_id, self._clock())
+
+    def _settle(self, request_id: str, now: float) -> None:
+        if self._answers.pop(request_id, None) is not None:
+            return  # the request's entry came first: nothing waits for it any more
+        self._settled[request_id] = now
+        self._settled.move_to_end(request_id)
+        while len(self._settled) > self._max_pending:
+            self._settled.popitem(last=False)
 
     def _expire(self, now: float) -> None:
         """Entries are in arrival order, so the stale ones are at the front."""
-        while self._pending:
-            _, (_, _, seen) = next(iter(self._pending.items()))
-            if now - seen <= self._max_age_s:
-                break
-            self._pending.popitem(last=False)
-        while self._answers:
-            _, (_, _, _, seen) = next(iter(self._answers.items()))
-            if now - seen <= self._max_age_s:
-                return
-            self._answers.popitem(last=False)
+        oldest = now - self.max_age_s
+        pending, answers, settled = self._pending, self._answers, self._settled
+        while pending and next(iter(pending.values()))[2] < oldest:
+            pending.popitem(last=False)
+        while answers and next(iter(answers.values()))[3] < oldest:
+            answers.popitem(last=False)
+        while settled and next(iter(settled.values())) < oldest:
+            settled.popitem(last=False)

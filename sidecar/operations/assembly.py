@@ -167,6 +167,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     if receiver is not None:
         metrics.add_counter("access_log_entries", "Envoy access-log entries received, by log",
                             ("log",), lambda: {(name,): n for name, n in receiver.entries.items()})
+        metrics.add_gauges(lambda: {"access_log_attempts_waiting":
+                                    float(receiver.attempts_waiting)})
     shadows = ShadowLoop(lambda: gateway.shadows,
                          telemetry.shadow if telemetry is not None else None,
                          lambda: gateway.retired_shadows)

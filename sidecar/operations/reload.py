@@ -34,6 +34,7 @@ from sidecar.config.models import SidecarConfig
 from sidecar.config.secrets import SecretError
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.runtime import Runtime, StartupError
+from sidecar.operations.assembly import longest_request_s
 
 if TYPE_CHECKING:
     from sidecar.operations.assembly import RunningSidecar
@@ -166,14 +167,18 @@ def apply(sidecar: RunningSidecar, config: SidecarConfig, runtime: Runtime) -> N
     runtime.router.carry_over(gateway.runtime.router)
     if gateway.external is not None:
         sidecar.retire(gateway.external)
+    # What waits for a request's access-log entries (its attempts, its quota charge, its
+    # telemetry row, its cache slot) waits as long as the longest deadline. It only
+    # grows: requests started under a longer deadline are still under way.
+    window = sidecar.max_request_s = max(sidecar.max_request_s, longest_request_s(config))
     gateway.swap(runtime, ExternalCalls.for_config(config, gateway.external),
-                 ResponseCaches.for_config(config, sidecar.max_request_s, gateway.caches))
+                 ResponseCaches.for_config(config, window, gateway.caches))
     if sidecar.receiver is not None:
-        sidecar.receiver.remap(runtime.cluster_targets, runtime.cluster_groups)
+        sidecar.receiver.remap(runtime.cluster_targets, runtime.cluster_groups, window)
     if gateway.quotas is not None:
-        gateway.quotas.reconfigure(config)
+        gateway.quotas.reconfigure(config, window)
     if sidecar.telemetry is not None:
-        sidecar.telemetry.reprice(config.target_prices)
+        sidecar.telemetry.reconfigure(config.target_prices, window)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

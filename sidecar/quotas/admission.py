@@ -49,11 +49,11 @@ class Quotas:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
-    def reconfigure(self, config: SidecarConfig) -> None:
-        """A reload's limits and prices; counts so far stay (the Redis settings need a
-        restart)."""
+    def reconfigure(self, config: SidecarConfig, max_request_s: float) -> None:
+        """A reload's limits, prices and longest request; counts so far stay (the Redis
+        settings need a restart)."""
         self.counters.configure(config)
-        self.ledger.configure(config)
+        self.ledger.configure(config, max_request_s)
         self._configure_wait(config)
 
     def _configure_wait(self, config: SidecarConfig) -> None:

@@ -24,7 +24,7 @@ class QuotaLedger:
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._counters = counters
         self.configure(config)
-        self._max_age = max_age_s
+        self.max_age_s = max_age_s
         self._max_pending = max_pending
         self._clock = clock
         self._wall = wall_clock
@@ -34,8 +34,11 @@ class QuotaLedger:
         self._estimates: dict[str, tuple[int, int]] = {}
         self.unclaimed = 0
 
-    def configure(self, config: SidecarConfig) -> None:
+    def configure(self, config: SidecarConfig, max_age_s: float | None = None) -> None:
+        """Prices, and after a reload the longest a request can now take."""
         self._prices = config.target_prices
+        if max_age_s is not None:
+            self.max_age_s = max_age_s
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -47,7 +50,7 @@ class QuotaLedger:
         self._pending[request_id] = (caller, group, self._wall(), now)
         while self._pending:
             oldest, entry = next(iter(self._pending.items()))
-            if len(self._pending) <= self._max_pending and now - entry[3] < self._max_age:
+            if len(self._pending) <= self._max_pending and now - entry[3] < self.max_age_s:
                 break
             del self._pending[oldest]
             self._estimates.pop(oldest, None)

@@ -115,11 +115,18 @@ class TelemetryHandoff:
         if len(buffer) >= FLUSH_AT and not self._behind:
             self.flush()
 
-    def reprice(self, prices: Mapping[str, Rates]) -> None:
-        """A reload's prices, for rows joined from now on (and for a restarted worker)."""
+    @property
+    def join_window_s(self) -> float:
+        """The longest a request can take: the worker's join waits that long."""
+        return self._start.max_age_s
+
+    def reconfigure(self, prices: Mapping[str, Rates], max_age_s: float) -> None:
+        """A reload's prices, for rows joined from now on, and the longest a request can
+        now take, for the join (and both for a restarted worker)."""
         records = price_records(prices)
-        self._start = replace(self._start, prices=records)
-        self._buffer.append(marshal.dumps(("p", records)))  # past the limit: never dropped
+        self._start = replace(self._start, prices=records, max_age_s=max_age_s)
+        # Past the limit: never dropped.
+        self._buffer.append(marshal.dumps(("p", (records, max_age_s))))
 
     # ---- the worker ---------------------------------------------------------------------
 

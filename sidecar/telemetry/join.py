@@ -29,7 +29,7 @@ class Joiner:
                  clock: Clock = time.monotonic, wall_clock: Clock = time.time) -> None:
         self._emit = emit
         self._max_pending = max_pending
-        self._max_age = max_age_s
+        self.max_age_s = max_age_s  # a reload may lengthen it
         self._clock = clock
         self._wall = wall_clock
         self._pending: OrderedDict[str, tuple[float, DecisionRecord]] = OrderedDict()
@@ -77,7 +77,7 @@ class Joiner:
     def sweep(self, everything: bool = False) -> None:
         """Write the decisions whose outcome can no longer come (called periodically), or
         all that wait (`everything`: the sidecar stopped)."""
-        horizon = float("inf") if everything else self._clock() - self._max_age
+        horizon = float("inf") if everything else self._clock() - self.max_age_s
         while self._pending:
             request_id, (since, decision) = next(iter(self._pending.items()))
             if since > horizon:

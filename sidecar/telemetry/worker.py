@@ -134,8 +134,10 @@ class Worker:
                 self._emit(FallbackRow(*record))
             elif kind == "s":
                 self._emit(ShadowRow(*record))
-            elif kind == "p":
-                self.encoder.reprice(prices_of(record))
+            elif kind == "p":  # a reload (handoff.reconfigure)
+                prices, max_age_s = record
+                self.encoder.reprice(prices_of(prices))
+                self.joiner.max_age_s = max_age_s
 
     def status(self) -> dict[str, Any]:
         """What the sidecar shows in /metrics; the counts are those made since the last

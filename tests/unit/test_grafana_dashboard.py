@@ -47,6 +47,7 @@ NOT_CHARTED = frozenset({
     "sidecar_grpc_idle_closed",  # GOAWAY after the idle timeout: normal churn
     "sidecar_hedge_decisions_total",  # hedged + no budget, both charted
     "sidecar_access_log_entries_total",  # a diagnostic: the entries each log carries
+    "sidecar_access_log_attempts_waiting",  # a diagnostic: bounded, pairs by itself
 })
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

@@ -140,3 +140,29 @@ def test_client_disconnects_cancel_upstream_promptly_and_leak_nothing(fresh: Sta
     assert status["ext_proc_streams"] == 0
     assert status["asyncio_tasks"] <= settled["asyncio_tasks"] + 2, (settled, status)
     assert fresh.new_outcomes("s1/s1-model", before, 100) == {"client_cancel": 100}
+
+
+def _transitions(stack: Stack, group: str) -> list[str]:
+    marker = f'"event":"fallback_transition","group":"{group}",'
+    return [line for line in stack.sidecar_log().splitlines() if marker in line]
+
+
+def test_a_fallback_before_a_stream_the_caller_closes_at_done_is_paired_once(
+        fresh: Stack) -> None:
+    """The openai SDK hangs up at `[DONE]`, before the stream's end (here 0.3 s later):
+    Envoy flags the request's entry with the caller's hang-up, not the attempt. The
+    failure before it is still paired with the target that answered, once."""
+    fresh.providers.provider("s1").behaviour = Behaviour(status=503)
+    fresh.providers.provider("s2").behaviour = Behaviour(stream_end_delay_s=0.3)
+    before = len(_transitions(fresh, "stream-chain"))
+    chunks = list(fresh.openai.chat.completions.create(
+        model="stream-chain", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert chunks and len(fresh.received("s2")) == 1
+    deadline = time.monotonic() + 10
+    while len(_transitions(fresh, "stream-chain")) < before + 1:
+        assert time.monotonic() < deadline, "the failure was never paired"
+        time.sleep(0.05)
+    time.sleep(0.5)  # a second transition, were there one, would be in by now
+    (line,) = _transitions(fresh, "stream-chain")[before:]
+    assert '"from_target":"s1/s1-model","to_target":"s2/s2-model"' in line
+    assert '"error_class":"server_error","attempt":1' in line

@@ -218,3 +218,78 @@ def test_results_are_built_only_for_requests_a_sink_wants() -> None:
     receiver.receive(message, per_attempt=False)
     assert quota_like.finished_ids == telemetry_like.finished_ids == ["r-quota"]
     assert store.summary("p/m", 600).figures.count == 2  # observations whatever the sinks
+
+
+def _fallback_receiver(**options):
+    """A receiver of a two-target group, with a sink that keeps its transitions."""
+    from sidecar.observe.access_log import AccessLogReceiver
+    from sidecar.observe.store import ObservationStore
+
+    class Sink:
+        def __init__(self) -> None:
+            self.transitions: list = []
+
+        def wants(self, request_id: str) -> bool:
+            return False
+
+        def finished(self, result) -> None:
+            pass
+
+        def fallback(self, transition) -> None:
+            self.transitions.append((transition.from_target, transition.to_target))
+
+    sink = Sink()
+    store = ObservationStore(retention_seconds=600, slice_seconds=10, refresh_seconds=0)
+    targets = {"target__g__0__a": "a/m", "target__g__1__b": "b/m"}
+    receiver = AccessLogReceiver(store, targets, dict.fromkeys(targets, "g"), telemetry=sink,
+                                 **options)
+    return receiver, sink
+
+
+def _feed(receiver, logged: al.HTTPAccessLogEntry, per_attempt: bool,
+          request_id: str = "r1") -> None:
+    from envoy.service.accesslog.v3 import als_pb2
+    logged.request.request_id = request_id
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.append(logged)
+    receiver.receive(message, per_attempt=per_attempt)
+
+
+@pytest.mark.parametrize("hang_up", ["downstream_connection_termination",
+                                     "downstream_remote_reset"])
+def test_a_fallback_answered_to_a_caller_that_hung_up_at_done_keeps_its_transition(
+        hang_up: str) -> None:
+    """The openai SDK closes at `[DONE]`: the request's entry has a flag of the caller's
+    side, the answering attempt none (so it is not in the per-attempt log)."""
+    receiver, sink = _fallback_receiver()
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
+    done = entry(200, cluster="target__g__1__b", tokens=7, attempts=2, **{hang_up: True})
+    done.response.response_headers["content-type"] = "text/event-stream"
+    _feed(receiver, done, per_attempt=False)
+    assert sink.transitions == [("a/m", "b/m")]
+    assert receiver.attempts_waiting == 0
+
+
+def test_a_request_whose_answer_was_in_the_attempt_log_leaves_nothing_waiting() -> None:
+    """Any other flag on the request puts its answering attempt in the per-attempt log:
+    the request's entry (here a 504 after the second attempt timed out) ends the wait."""
+    receiver, sink = _fallback_receiver()
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
+    _feed(receiver, entry(200, cluster="target__g__1__b",
+                          downstream_connection_termination=True), per_attempt=True)
+    _feed(receiver, entry(504, cluster="target__g__1__b", attempts=2,
+                          upstream_request_timeout=True), per_attempt=False)
+    assert sink.transitions == [("a/m", "b/m")]
+    assert receiver.attempts_waiting == 0
+
+
+def test_a_reload_lengthens_the_wait_for_a_requests_attempts() -> None:
+    """A failure waits for the attempt after it as long as the longest deadline, which a
+    reload may have raised: a request within it still pairs."""
+    now = [0.0]
+    receiver, sink = _fallback_receiver(attempt_window_s=31.5, clock=lambda: now[0])
+    receiver.remap({}, {}, 901.5)
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
+    now[0] = 600.0
+    _feed(receiver, entry(200, cluster="target__g__1__b", attempts=2), per_attempt=False)
+    assert sink.transitions == [("a/m", "b/m")]

@@ -20,6 +20,9 @@ def test_a_failure_followed_by_another_attempt_is_a_transition() -> None:
     assert transitions == [Transition("g", "p/a", "p/b", "server_error", 1, 12.5)]
     assert tracker.add(attempt("p/c", Outcome.OK)) == [Transition(
         "g", "p/b", "p/c", "rate_limited", 2, 12.5)]
+    # The answering attempt was in the per-attempt log (it carried a flag): the request's
+    # own entry completes nothing more, and nothing is left waiting.
+    assert tracker.answered("r1", "g", "p/c", 3) is None
     assert len(tracker) == 0
 
 
@@ -53,7 +56,39 @@ def test_entries_of_other_requests_do_not_pair_up() -> None:
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r1"))
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) == []
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) != []
+    tracker.ended("r1")  # the request's own entry (with a flag: it completes nothing)
     assert len(tracker) == 0
+
+
+def test_a_hedges_cancelled_loser_leaves_nothing_waiting_in_either_order() -> None:
+    """The loser is logged when the winner's headers arrive, the request's entry when the
+    reply ends (usually later, but the streams interleave)."""
+    tracker = AttemptTracker()
+    tracker.forget("r1")
+    assert tracker.answered("r1", "g", "p/b", 2) is None
+    assert tracker.answered("r2", "g", "p/b", 2) is None
+    tracker.forget("r2")
+    assert len(tracker) == 0
+
+
+def test_a_flagged_winner_of_a_hedge_leaves_nothing_waiting_in_any_order() -> None:
+    """The primary passed the hedge's deadline (a flag on its attempt) and then answered:
+    its own attempt, read as ok, is in the per-attempt log with the hedge's loser. The
+    loser is reset (and logged) when the winner's headers arrive, the winner when its reply
+    ends, on the same stream: the loser always comes first; the request's entry, on the
+    other stream, anywhere."""
+    orders = [("loser", "winner", "request"), ("loser", "request", "winner"),
+              ("request", "loser", "winner")]
+    for order in orders:
+        tracker = AttemptTracker()
+        for step in order:
+            if step == "loser":
+                tracker.forget("r1")
+            elif step == "winner":
+                assert tracker.add(attempt("p/a", Outcome.OK)) == []
+            else:
+                assert tracker.answered("r1", "g", "p/a", 2) is None
+        assert len(tracker) == 0, order
 
 
 @given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 4),

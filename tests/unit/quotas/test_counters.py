@@ -118,6 +118,23 @@ def test_the_ledger_counts_tokens_and_cost_of_admitted_requests() -> None:
     assert len(ledger) == 2 and ledger.unclaimed == 1  # bounded: the oldest went
 
 
+def test_a_reload_that_lengthens_a_deadline_still_charges_requests_within_it() -> None:
+    """The ledger forgets a request after the longest deadline; a reload that raises a
+    deadline raises that too (operations/reload.py), or a long stream would go uncharged."""
+    cfg = config(GROUPS + CALLERS)
+    quotas = QuotaCounters(cfg, ManualClock(MIDNIGHT))
+    clock = ManualClock(0.0)
+    ledger = QuotaLedger(cfg, quotas, max_age_s=31.5, clock=clock,
+                         wall_clock=ManualClock(MIDNIGHT))
+    ledger.configure(cfg, 901.5)
+    ledger.admitted("r1", "team", "basic")
+    clock.now = 600.0
+    ledger.admitted("r2", "team", "basic")  # ages the older entries out, if too old
+    ledger.finished(RequestResult("r1", 200, "p/cheap", 1, "ok", 10.0, 5.0, 1000, 250, None))
+    day = int(MIDNIGHT // 86_400)
+    assert quotas.counters[("team", "*", "tokens_per_day", day)].unsynced == 1250
+
+
 def test_quota_config_errors_name_their_path() -> None:
     with pytest.raises(ConfigError, match=r"callers\[0\].quotas.per_group: unknown model "
                                           "group 'nope'"):

@@ -5,6 +5,7 @@ sidecar, a dead one is started again, and stopping writes everything that was ha
 from __future__ import annotations
 
 import asyncio
+import marshal
 import os
 import signal
 import sqlite3
@@ -194,7 +195,8 @@ def test_a_reload_reprices_the_rows_joined_after_it(tmp_path: Path) -> None:
         channel.decided(decision("before"))
         channel.finished(result("before"))  # over the limit of 1: dropped, and counted
         channel.flush()
-        channel.reprice({"p/a": Pricing(input_per_mtok=10, output_per_mtok=40).rates})
+        channel.reconfigure({"p/a": Pricing(input_per_mtok=10, output_per_mtok=40).rates},
+                            60.0)
         channel.flush()
         channel.decided(decision("after"))
         channel.flush()
@@ -205,6 +207,14 @@ def test_a_reload_reprices_the_rows_joined_after_it(tmp_path: Path) -> None:
     assert stored(tmp_path, "SELECT request_id, join_kind, round(cost_usd, 6) FROM "
                   "request_rows ORDER BY request_id") == [
         ("after", "joined", 0.03), ("before", "decision_only", None)]
+
+
+def test_a_reload_that_lengthens_a_deadline_widens_the_join(tmp_path: Path) -> None:
+    """A request may now take longer: its result must still find its decision."""
+    settings = Telemetry(sqlite_path=tmp_path / "t.db", queue_size=1_000)
+    worker = Worker(Start(settings, 31.5, {}, "WARNING", "text"))
+    worker.take([marshal.dumps(("p", ({}, 901.5)))])
+    assert worker.joiner.max_age_s == 901.5
 
 
 @pytest.mark.parametrize("priority", ["background", "normal"])
