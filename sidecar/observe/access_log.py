@@ -329,8 +329,11 @@ class AccessLogReceiver:
         if observation is not None:
             self._store.record(observation)
             common = entry.common_properties
-            if common.upstream_request_attempt_count > 1:
-                self._answered(entry, common, observation.target)
+            attempts = common.upstream_request_attempt_count
+            status = entry.response.response_code.value
+            flags = common.response_flags.ListFields()
+            if attempts > 1 or flags or not 200 <= status < 300:
+                self._pair_attempts(entry, attempts, status, flags, observation.target)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
         telemetry = self._telemetry
@@ -344,23 +347,22 @@ class AccessLogReceiver:
         if hedged:
             self._hedges().ended(cluster, result.attempts, result.serving_target)
 
-    def _answered(self, entry: al.HTTPAccessLogEntry, common: al.AccessLogCommon,
-                  target: str) -> None:
-        """A request of several attempts: the attempt after its last failure is not in
-        the per-attempt log when it answered cleanly. A caller's hang-up (a flag of the
-        caller's side: the openai SDK closes at `[DONE]`) leaves the attempt clean; any
-        other flag puts the answering attempt in the per-attempt log itself."""
+    def _pair_attempts(self, entry: al.HTTPAccessLogEntry, attempts: int, status: int,
+                  flags: list, target: str) -> None:
+        """A request with entries in the per-attempt log (several attempts, or one that
+        failed). The attempt after its last failure is not in that log when it answered
+        cleanly: a caller's hang-up (a flag of the caller's side: the openai SDK closes at
+        `[DONE]`) leaves the attempt clean; any other flag, or a failure, puts the last
+        attempt in the per-attempt log itself."""
         request_id = entry.request.request_id
-        flags = common.response_flags.ListFields()
-        if (200 <= entry.response.response_code.value < 300
+        group = self._groups.get(served_by(entry.common_properties), "")
+        if (200 <= status < 300
                 and all(field.name in _CALLER_SIDE_FLAGS for field, _ in flags)):
-            transition = self._attempts.answered(
-                request_id, self._groups.get(served_by(common), ""), target,
-                common.upstream_request_attempt_count)
+            transition = self._attempts.answered(request_id, group, target, attempts)
             if transition is not None:
                 self._transition(transition)
         else:
-            self._attempts.ended(request_id)
+            self._attempts.ended(request_id, group, attempts)
 
     def _attempt(self, entry: al.HTTPAccessLogEntry) -> None:
         attempt = attempt_of(entry, self._targets, self._groups)

@@ -5,7 +5,8 @@ request once, against the attempt that answered. The final attempt is therefore 
 observation; what this module adds is each *earlier* attempt, which failed and was followed
 by an attempt at another target. It is known to have been followed only when the next
 attempt's entry arrives, so a failed attempt waits here (bounded, by request id) until then.
-A failed attempt that nobody followed was the final one: it is simply evicted later.
+A failed attempt that nobody followed was the final one: the request's own entry drops it
+(`ended`), or, when that entry came first, it is evicted later.
 
 Envoy 1.40 leaves the attempt count of per-attempt entries unset, so attempts are numbered
 here by arrival: a request's attempts run one after another and are logged in that order
@@ -165,10 +166,16 @@ class AttemptTracker:
             self._answers.popitem(last=False)
         return None
 
-    def ended(self, request_id: str) -> None:
-        """The request's own entry, when it completes nothing (not answered, or answered
-        at its first attempt): a settled request is done with."""
-        self._settled.pop(request_id, None)
+    def ended(self, request_id: str, group: str, attempts: int) -> None:
+        """The request's own entry, when it completes nothing (it was not answered
+        cleanly): a settled request is done with, and a failure already here that was its
+        last attempt has nothing to wait for. (A last failure that arrives after this
+        entry waits out the window, as one that no entry ever ends.)"""
+        if self._settled.pop(request_id, None) is not None:
+            return
+        pending = self._pending.get(request_id)
+        if pending is not None and pending[0].group == group and pending[1] >= attempts:
+            del self._pending[request_id]
 
     def forget(self, request_id: str) -> None:
         """A request whose attempts pair with nothing more (a hedge's cancelled loser):

@@ -293,3 +293,25 @@ def test_a_reload_lengthens_the_wait_for_a_requests_attempts() -> None:
     now[0] = 600.0
     _feed(receiver, entry(200, cluster="target__g__1__b", attempts=2), per_attempt=False)
     assert sink.transitions == [("a/m", "b/m")]
+
+
+def test_a_last_attempt_that_failed_waits_no_longer_than_the_requests_entry() -> None:
+    """Nothing can follow a request's last attempt: once the request's entry is in, a
+    failure that was its last attempt is dropped (one arriving after the request's entry
+    waits out the window: which attempt is last cannot be told from it alone)."""
+    receiver, sink = _fallback_receiver()
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=False)
+    assert receiver.attempts_waiting == 0
+    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True, request_id="r2")
+    _feed(receiver, entry(429, cluster="target__g__1__b"), per_attempt=True, request_id="r2")
+    _feed(receiver, entry(429, cluster="target__g__1__b", attempts=2), per_attempt=False,
+          request_id="r2")
+    assert sink.transitions == [("a/m", "b/m")]
+    assert receiver.attempts_waiting == 0
+    # A stream that broke after its headers: a 200 with a flag, its attempt logged.
+    _feed(receiver, entry(200, cluster="target__g__0__a", upstream_remote_reset=True),
+          per_attempt=True, request_id="r3")
+    _feed(receiver, entry(200, cluster="target__g__0__a", upstream_remote_reset=True),
+          per_attempt=False, request_id="r3")
+    assert receiver.attempts_waiting == 0

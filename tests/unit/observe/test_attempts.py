@@ -56,7 +56,7 @@ def test_entries_of_other_requests_do_not_pair_up() -> None:
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r1"))
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) == []
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) != []
-    tracker.ended("r1")  # the request's own entry (with a flag: it completes nothing)
+    tracker.ended("r1", "g", 2)  # the request's own entry (with a flag: completes nothing)
     assert len(tracker) == 0
 
 
