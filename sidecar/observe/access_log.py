@@ -141,14 +141,22 @@ def observation_of(entry: al.HTTPAccessLogEntry,
     metadata = common.metadata.filter_metadata.get(USAGE_NAMESPACE)
     usage_keys = metadata.fields if metadata is not None else {}
     usage = usage_of(_numbers(usage_keys))
-    outcome = outcome_of(common.response_flags, status,
-                         answered_stream(content_type, usage_keys))
+    answered = answered_stream(content_type, usage_keys)
+    outcome = outcome_of(common.response_flags, status, answered)
     if outcome is Outcome.OK and 200 <= status < 300:
         shape = usage_keys[SHAPE_KEY].string_value if SHAPE_KEY in usage_keys else ""
         if invalid_body(content_type, headers.get(CONTENT_ENCODING, ""), usage_keys, shape):
             outcome = Outcome.INVALID_RESPONSE
-    upstream_ms = (last_rx - first_tx) if last_rx is not None else None
     latency_ms = _ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration)
+    if last_rx is not None:
+        upstream_ms: float | None = last_rx - first_tx
+    elif answered and latency_ms is not None:
+        # The caller hung up at the stream's last event (the openai SDK closes at
+        # `[DONE]`), before the end of the body reached Envoy: the stream's span ends
+        # with the hang-up, right after that event.
+        upstream_ms = latency_ms - first_tx
+    else:
+        upstream_ms = None
     if common.upstream_request_attempt_count > 1:
         # A fallback answered: the request's own span includes the failed attempts, which
         # are the failed targets' time (recorded against them), not this target's.

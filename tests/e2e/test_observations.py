@@ -114,7 +114,8 @@ def test_ttfb_latency_and_throughput_match_the_provider(stack: Stack, name: str,
     figures = stack.wait_for(f"{name}/{name}-m", 24)
     outcomes = figures["outcomes"]
     assert outcomes == {"ok": 24}, outcomes
-    assert figures["p95_ttfb_ms"] == pytest.approx(latency_ms, rel=0.2)
+    # (15 ms of absolute margin: a loaded machine's scheduling, not the provider's.)
+    assert figures["p95_ttfb_ms"] == pytest.approx(latency_ms, rel=0.2, abs=15)
     # The stream's 14 events are 20 ms apart after the first: latency + 13 × 20 ms.
     stream_ms = latency_ms + 13 * 20
     assert figures["p95_latency_ms"] == pytest.approx(stream_ms, rel=0.2)

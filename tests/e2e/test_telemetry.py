@@ -181,14 +181,22 @@ def test_metrics_count_routed_requests_fallbacks_and_observations(stack) -> None
     client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
     client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "m"}])
     fakes["flaky"].behaviour = Behaviour()
-    rows(db, "request_rows", before + 1)  # joined (so counted) by now
-    response = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/metrics", timeout=5)
+    rows(db, "request_rows", before + 1)
+    # The worker reports its counts every 0.5 s, after it wrote the row: wait for them.
+    transition = ('sidecar_fallback_transitions_total{failure="server_error",'
+                  'from_target="flaky/flaky-model",group="chain",to_target="good/good-model"}')
+    deadline = time.monotonic() + 10
+    while True:
+        response = httpx.get(f"http://127.0.0.1:{up.admin_http_port}/metrics", timeout=5)
+        text = response.text
+        if transition in text and 'sidecar_decisions_total{group="chain"' in text:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.05)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    text = response.text
     assert 'sidecar_decisions_total{group="chain",status_class="2xx",strategy="failover"' in text
-    assert ('sidecar_fallback_transitions_total{failure="server_error",'
-            'from_target="flaky/flaky-model",group="chain",to_target="good/good-model"}') in text
+    assert transition in text
     assert 'sidecar_target_observations{target="good/good-model"}' in text
     for gauge in ("sidecar_telemetry_queue_depth", "sidecar_telemetry_dropped_queue_full",
                   "sidecar_ext_proc_streams", "sidecar_grpc_", "# TYPE sidecar_affinity_pins",

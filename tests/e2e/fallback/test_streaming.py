@@ -51,7 +51,9 @@ def test_a_stream_after_a_fallback_still_arrives_event_by_event(
     fresh.providers.provider("s2").behaviour = Behaviour(inter_event_delay_s=0.2)
     gaps = arrival_gaps_ms(fresh, "stream-chain")
     assert len(gaps) >= 10
-    assert all(150 < gap < 300 for gap in gaps), gaps
+    # Buffered events would arrive within a few ms of each other; one event late by up to
+    # ~60 ms on a loaded machine shortens the next gap to ~140 (as in the Anthropic test).
+    assert all(100 < gap < 300 for gap in gaps), gaps
     assert len(fresh.received("s2")) == 1
     # The failed primary is known once the stream that replaced it has ended.
     assert fresh.new_outcomes("s1/s1-model", before, 1) == {"server_error": 1}

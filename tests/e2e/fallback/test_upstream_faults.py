@@ -139,7 +139,9 @@ def test_a_stream_is_cut_at_its_deadline(fresh: Stack) -> None:
                 stream=True):
             arrivals.append(time.monotonic() - started)
     ended = time.monotonic() - started
-    assert len(arrivals) >= 5 and arrivals[-1] < 1.0
+    # The client's clock starts before Envoy's deadline does (the decision comes first):
+    # an event Envoy passed on just before its deadline may arrive a little after 1.0 s.
+    assert len(arrivals) >= 5 and arrivals[-1] < 1.2, arrivals
     assert 1.0 <= ended < 1.4, ended  # within 100 ms measured; 4x margin for a busy machine
     assert fresh.received("s2") == []
     assert fresh.new_outcomes("s1/s1-model", before, 1) == {"upstream_timeout": 1}

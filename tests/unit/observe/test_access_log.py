@@ -82,6 +82,20 @@ def test_a_caller_hanging_up_after_the_final_usage_event_is_not_a_cancel(
     assert result_of(message, TARGETS).error_class == outcome.value
 
 
+def test_a_stream_whose_caller_hung_up_at_its_last_event_still_has_a_duration() -> None:
+    """The end of the body never reached Envoy (the caller had gone): the span ends with
+    the hang-up, so the stream still counts in its target's throughput. A stream cut
+    before its usage event has no such span."""
+    message = entry(tokens=7, downstream_connection_termination=True)
+    message.response.response_headers["content-type"] = "text/event-stream"
+    message.common_properties.ClearField("time_to_last_upstream_rx_byte")
+    message.common_properties.ClearField("time_to_last_downstream_tx_byte")
+    message.common_properties.duration.FromMilliseconds(405)
+    assert observation_of(message, TARGETS).upstream_ms == pytest.approx(400.0)
+    message.common_properties.metadata.ClearField("filter_metadata")
+    assert observation_of(message, TARGETS).upstream_ms is None
+
+
 def test_not_served_by_a_target_is_not_an_observation() -> None:
     assert observation_of(entry(cluster=""), TARGETS) is None              # sidecar's own reply
     assert observation_of(entry(cluster="elsewhere"), TARGETS) is None
