@@ -117,6 +117,24 @@ _ASKS_TO_WAIT = frozenset({429, 503, 529})
 _CALLER_SIDE_FLAGS = frozenset({"downstream_connection_termination",
                                 "downstream_remote_reset"})
 
+def _caller_side_only(flags: list) -> bool:
+    """`flags` (ResponseFlags.ListFields()) name only the caller's hang-up, if anything."""
+    return all(field.name in _CALLER_SIDE_FLAGS for field, _ in flags)
+
+
+def _answered_as_if_clean(entry: al.HTTPAccessLogEntry, outcome: Outcome) -> bool:
+    """An answering attempt whose only flag is a hedge's deadline or the caller's hang-up:
+    its request's own entry stands for it (`answered`), as for every attempt that answered
+    cleanly, so the attempt counts in neither log's pairing twice (attempts.py)."""
+    if outcome is not Outcome.OK and outcome is not Outcome.CLIENT_CANCEL:
+        return False
+    common = entry.common_properties
+    if common.upstream_cluster.startswith(HEDGE_CLUSTER_PREFIX):
+        return True
+    return (200 <= entry.response.response_code.value < 300
+            and _caller_side_only(common.response_flags.ListFields()))
+
+
 # Envoy's own failures on a reply the provider sent whole: not the target's doing.
 _GATEWAY_FAILURES = frozenset({"response_payload_too_large"})
 
@@ -340,7 +358,8 @@ class AccessLogReceiver:
             attempts = common.upstream_request_attempt_count
             status = entry.response.response_code.value
             flags = common.response_flags.ListFields()
-            if attempts > 1 or flags or not 200 <= status < 300:
+            if attempts > 1 or not 200 <= status < 300 or (
+                    flags and not _caller_side_only(flags)):
                 self._pair_attempts(entry, attempts, status, flags, observation.target)
         cluster = entry.common_properties.upstream_cluster
         hedged = self._hedges is not None and cluster.startswith(HEDGE_CLUSTER_PREFIX)
@@ -364,8 +383,7 @@ class AccessLogReceiver:
         attempt in the per-attempt log itself."""
         request_id = entry.request.request_id
         group = self._groups.get(served_by(entry.common_properties), "")
-        if (200 <= status < 300
-                and all(field.name in _CALLER_SIDE_FLAGS for field, _ in flags)):
+        if 200 <= status < 300 and _caller_side_only(flags):
             transition = self._attempts.answered(request_id, group, target, attempts)
             if transition is not None:
                 self._transition(transition)
@@ -380,7 +398,9 @@ class AccessLogReceiver:
             if attempt.duration_ms is not None:
                 self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
                                                ttfb_ms=attempt.duration_ms))
-            self._attempts.forget(attempt.request_id)  # nothing failed: nothing to pair
+            self._attempts.hedged_out(attempt.request_id, attempt.group)
+            return
+        if _answered_as_if_clean(entry, attempt.outcome):
             return
         if entry.response.response_code.value in _ASKS_TO_WAIT:
             wait = requested_wait_s(entry.response.response_headers, self._wall_clock())

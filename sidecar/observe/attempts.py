@@ -18,14 +18,14 @@ that comes back later (a client reusing one) cannot pair with a stale failure.
 
 The per-attempt log leaves out attempts that answered without a failure flag
 (envoy_config/observation_filters.py): the attempt after the last failure is known from
-the request's own entry instead (`answered`: its target and its number of attempts).
-That entry arrives on another stream, before, between or after the failures; until the
-attempt count's failures have all arrived it waits (bounded like the failures). A caller's
-hang-up flags that entry but not the attempt (the openai SDK closes at `[DONE]`), so it
-still pairs (access_log.py). When the answering attempt is in the per-attempt log itself
-(it carried a flag: a hedge's primary past the hedge deadline) or a hedge's cancelled
-loser is, the request is *settled*: its own entry completes nothing and ends the wait
-(`ended` for entries that pair nothing), so nothing stays behind whichever comes first.
+the request's own entry instead (`answered`: its target and its number of attempts). That
+entry arrives on another stream, before, between or after the attempts' entries, so it
+also says how many to expect: an answered request's attempts but the last (a caller's
+hang-up flags only the request's entry: the openai SDK closes at `[DONE]`), every attempt
+of a request that was not answered cleanly (`ended`: each failed or carried a flag). A
+hedge's cancelled loser counts as one (`hedged_out`), its winner is never in the count
+(access_log.py leaves it out). Each request waits here, bounded, until its count is
+complete, whichever side comes first; then nothing of it is left.
 
 Each followed failure yields one `Transition`: an observation against the failed target
 (`failed_over`, so reliability signals see it) and the `fallback_transition` event.
@@ -85,119 +85,126 @@ class Transition:
 class AttemptTracker:
     def __init__(self, max_pending: int = 10_000, max_age_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        # request id → (its latest attempt, which failed; that attempt's number; when seen)
-        self._pending: OrderedDict[str, tuple[Attempt, int, float]] = OrderedDict()
-        # request id → (group, the target that answered, failures still to come, when seen)
-        self._answers: OrderedDict[str, tuple[str, str, int, float]] = OrderedDict()
-        # request id → when seen: requests of several attempts whose answering attempt (or
-        # hedge loser) was in the per-attempt log, so their own entry, which ends the
-        # wait (`answered` or `ended`), has nothing left to complete.
-        self._settled: OrderedDict[str, float] = OrderedDict()
+        # request id → entries that came before the request's own entry was complete:
+        # (group, the latest failure if it was the latest entry, its number, entries, when)
+        self._seen: OrderedDict[str, tuple[str, Attempt | None, int, int, float]] = (
+            OrderedDict())
+        # request id → (group, the target that answered — "" when none did —, attempts'
+        # entries still to come, when its entry came)
+        self._waiting: OrderedDict[str, tuple[str, str, int, float]] = OrderedDict()
         self._max_pending = max_pending
         self.max_age_s = max_age_s  # a reload may change it (the longest deadline)
         self._clock = clock
 
     def __len__(self) -> int:
-        """Entries waiting for their other half: failures, answered and settled requests."""
-        return len(self._pending) + len(self._answers) + len(self._settled)
+        """Requests waiting for their other half: attempts' entries or the request's."""
+        return len(self._seen) + len(self._waiting)
 
     def add(self, attempt: Attempt) -> list[Transition]:
-        """Record one attempt's entry; returns the transitions it completes: from the
-        failure before it, and, when it is the last failure of a request already
-        answered, to the target that answered."""
-        now = self._clock()
-        self._expire(now)
+        """One attempt's entry; returns the transitions it completes: from the failure
+        before it, and, when it is the last failure of a request already answered, to
+        the target that answered."""
         request_id = attempt.request_id
         if not request_id:
             return []
-        previous = self._pending.pop(request_id, None)
+        now = self._clock()
+        self._expire(now)
         transitions = []
-        number = 1
-        if previous is not None and previous[0].group == attempt.group:
-            failed, failed_number, _ = previous
-            number = failed_number + 1
-            transitions.append(Transition(failed.group, failed.target, attempt.target,
-                                          failed.outcome.value, failed_number,
-                                          failed.duration_ms, request_id))
-        if attempt.outcome in _NOT_FAILURES:
-            if number > 1 or request_id in self._answers:
-                # The attempt that answered is in this log itself (it carried a flag): the
-                # request's own entry has nothing to complete, before or after this one.
-                self._settle(request_id, now)
-            return transitions
-        answer = self._answers.get(request_id)
-        if answer is not None and answer[0] == attempt.group:
-            group, target, to_come, seen = answer
-            if to_come <= 1:
-                del self._answers[request_id]
-                transitions.append(Transition(group, attempt.target, target,
-                                              attempt.outcome.value, number,
+        group, last, number, entries = self._taken(request_id, attempt.group)
+        entries += 1
+        if last is not None:
+            transitions.append(Transition(group, last.target, attempt.target,
+                                          last.outcome.value, number, last.duration_ms,
+                                          request_id))
+        failed = attempt if attempt.outcome not in _NOT_FAILURES else None
+        answer = self._counted(request_id, group)
+        if answer is not None:
+            if failed is not None and answer:
+                transitions.append(Transition(group, attempt.target, answer,
+                                              attempt.outcome.value, entries,
                                               attempt.duration_ms, request_id))
-                return transitions
-            self._answers[request_id] = (group, target, to_come - 1, seen)  # keeps its place
-        self._pending[request_id] = (attempt, number, now)
-        while len(self._pending) > self._max_pending:
-            self._pending.popitem(last=False)
+            return transitions
+        self._keep(request_id, (group, failed, entries, entries, now))
         return transitions
+
+    def hedged_out(self, request_id: str, group: str) -> None:
+        """A hedge's cancelled loser: one of the request's entries, and no link in its
+        chain of failures (a failure before it still pairs with what comes next)."""
+        if not request_id:
+            return
+        now = self._clock()
+        self._expire(now)
+        group, last, number, entries = self._taken(request_id, group)
+        if self._counted(request_id, group) is None:
+            self._keep(request_id, (group, last, number, entries + 1, now))
 
     def answered(self, request_id: str, group: str, target: str,
                  attempts: int) -> Transition | None:
-        """The request's own entry: `target` answered it at attempt `attempts`. Completes
-        the transition from its last failure, or waits for its failures to arrive."""
-        now = self._clock()
-        self._expire(now)
-        if not request_id or attempts < 2 or self._settled.pop(request_id, None) is not None:
-            return None
-        to_come = attempts - 1
-        previous = self._pending.get(request_id)
-        if previous is not None and previous[0].group != group:
-            del self._pending[request_id]  # a stale failure of a reused id
-        elif previous is not None:
-            failed, number, _ = previous
-            if number >= to_come:
-                del self._pending[request_id]
-                return Transition(group, failed.target, target, failed.outcome.value,
-                                  number, failed.duration_ms, request_id)
-            # Later failures are still on their way (the streams interleave): the last
-            # of them completes this answer, the one waiting pairs with the next.
-            to_come -= number
-        self._answers[request_id] = (group, target, to_come, now)
-        while len(self._answers) > self._max_pending:
-            self._answers.popitem(last=False)
-        return None
+        """The request's own entry: `target` answered it at attempt `attempts`, after
+        `attempts - 1` entries. Completes the transition from its last failure."""
+        return self._request(request_id, group, target, attempts - 1)
 
     def ended(self, request_id: str, group: str, attempts: int) -> None:
-        """The request's own entry, when it completes nothing (it was not answered
-        cleanly): a settled request is done with, and a failure already here that was its
-        last attempt has nothing to wait for. (A last failure that arrives after this
-        entry waits out the window, as one that no entry ever ends.)"""
-        if self._settled.pop(request_id, None) is not None:
-            return
-        pending = self._pending.get(request_id)
-        if pending is not None and pending[0].group == group and pending[1] >= attempts:
-            del self._pending[request_id]
+        """The request's own entry, when it was not answered cleanly: each of its
+        `attempts` is in the per-attempt log, and the last of them completes nothing."""
+        self._request(request_id, group, "", attempts)
 
-    def forget(self, request_id: str) -> None:
-        """A request whose attempts pair with nothing more (a hedge's cancelled loser):
-        its own entry, if it comes later, completes nothing."""
-        if self._answers.pop(request_id, None) is None and request_id:
-            self._settle(request_id, self._clock())
+    def _request(self, request_id: str, group: str, target: str,
+                 expected: int) -> Transition | None:
+        if not request_id or expected < 1:
+            return None
+        now = self._clock()
+        self._expire(now)
+        seen = self._seen.get(request_id)
+        if seen is not None and seen[0] != group:
+            del self._seen[request_id]  # a stale entry of a reused id
+            seen = None
+        entries = seen[3] if seen is not None else 0
+        if entries < expected:  # more on their way: the last of them completes this
+            self._waiting[request_id] = (group, target, expected - entries, now)
+            while len(self._waiting) > self._max_pending:
+                self._waiting.popitem(last=False)
+            return None
+        assert seen is not None
+        del self._seen[request_id]
+        _, last, number, _, _ = seen
+        if last is None or not target or entries > expected:
+            return None  # (more than expected: the answering attempt itself was logged)
+        return Transition(group, last.target, target, last.outcome.value, number,
+                          last.duration_ms, request_id)
 
-    def _settle(self, request_id: str, now: float) -> None:
-        if self._answers.pop(request_id, None) is not None:
-            return  # the request's entry came first: nothing waits for it any more
-        self._settled[request_id] = now
-        self._settled.move_to_end(request_id)
-        while len(self._settled) > self._max_pending:
-            self._settled.popitem(last=False)
+    def _taken(self, request_id: str, group: str) -> tuple[str, Attempt | None, int, int]:
+        """What came before of this request, taken out: (group, latest failure when it
+        was the latest entry, its number, entries)."""
+        seen = self._seen.pop(request_id, None)
+        if seen is None or seen[0] != group:
+            return group, None, 0, 0
+        return seen[0], seen[1], seen[2], seen[3]
+
+    def _counted(self, request_id: str, group: str) -> str | None:
+        """One more entry of a request whose own entry came: None when none waits (or
+        one of another group) or more are to come; for the last one, the target that
+        answered ("" when none did)."""
+        waiting = self._waiting.get(request_id)
+        if waiting is None or waiting[0] != group:
+            return None
+        _, target, to_come, when = waiting
+        if to_come > 1:
+            self._waiting[request_id] = (group, target, to_come - 1, when)  # keeps its place
+            return None
+        del self._waiting[request_id]
+        return target
+
+    def _keep(self, request_id: str, seen: tuple[str, Attempt | None, int, int, float]) -> None:
+        self._seen[request_id] = seen
+        while len(self._seen) > self._max_pending:
+            self._seen.popitem(last=False)
 
     def _expire(self, now: float) -> None:
         """Entries are in arrival order, so the stale ones are at the front."""
         oldest = now - self.max_age_s
-        pending, answers, settled = self._pending, self._answers, self._settled
-        while pending and next(iter(pending.values()))[2] < oldest:
-            pending.popitem(last=False)
-        while answers and next(iter(answers.values()))[3] < oldest:
-            answers.popitem(last=False)
-        while settled and next(iter(settled.values())) < oldest:
-            settled.popitem(last=False)
+        seen, waiting = self._seen, self._waiting
+        while seen and next(iter(seen.values()))[4] < oldest:
+            seen.popitem(last=False)
+        while waiting and next(iter(waiting.values()))[3] < oldest:
+            waiting.popitem(last=False)

@@ -231,3 +231,23 @@ def test_a_request_error_from_the_provider_is_passed_through_not_retried(fresh: 
     assert caught.value.response.json()["error"]["message"] == "injected failure"
     assert len(fresh.received("a1")) == 1
     assert fresh.received("a2") == [] and fresh.received("a3") == []
+
+
+def test_after_every_failure_above_nothing_waits_to_be_paired(stack: Stack) -> None:
+    """Last in this module, on purpose: resets, timeouts, refused connections, 429s, 401s,
+    concurrent fallbacks and chains that ran out — each request's attempts and its own
+    entry met, whatever order the two logs delivered them in, and nothing of them is held
+    until the window ends (`sidecar_access_log_attempts_waiting`)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{stack.up.admin_http_port}/metrics"
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(url, timeout=5).text
+        waiting = next(float(line.split()[1]) for line in text.splitlines()
+                       if line.startswith("sidecar_access_log_attempts_waiting "))
+        if waiting == 0:
+            break
+        assert time.monotonic() < deadline, f"{waiting} entries still waiting"
+        time.sleep(0.05)
+    assert 'sidecar_access_log_entries_total{log="attempt"} 0.0' not in text

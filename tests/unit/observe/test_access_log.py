@@ -285,16 +285,21 @@ def test_a_fallback_answered_to_a_caller_that_hung_up_at_done_keeps_its_transiti
 
 
 def test_a_request_whose_answer_was_in_the_attempt_log_leaves_nothing_waiting() -> None:
-    """Any other flag on the request puts its answering attempt in the per-attempt log:
-    the request's entry (here a 504 after the second attempt timed out) ends the wait."""
-    receiver, sink = _fallback_receiver()
-    _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
-    _feed(receiver, entry(200, cluster="target__g__1__b",
-                          downstream_connection_termination=True), per_attempt=True)
-    _feed(receiver, entry(504, cluster="target__g__1__b", attempts=2,
-                          upstream_request_timeout=True), per_attempt=False)
-    assert sink.transitions == [("a/m", "b/m")]
-    assert receiver.attempts_waiting == 0
+    """A request not answered cleanly has every attempt in the per-attempt log: its entry
+    (here a 504 after the second attempt timed out too) ends the wait, in either order."""
+    for request_first in (False, True):
+        receiver, sink = _fallback_receiver()
+        request = entry(504, cluster="target__g__1__b", attempts=2,
+                        upstream_request_timeout=True)
+        if request_first:
+            _feed(receiver, request, per_attempt=False)
+        _feed(receiver, entry(503, cluster="target__g__0__a"), per_attempt=True)
+        _feed(receiver, entry(504, cluster="target__g__1__b", upstream_request_timeout=True),
+              per_attempt=True)
+        if not request_first:
+            _feed(receiver, request, per_attempt=False)
+        assert sink.transitions == [("a/m", "b/m")]
+        assert receiver.attempts_waiting == 0
 
 
 def test_a_reload_lengthens_the_wait_for_a_requests_attempts() -> None:

@@ -56,39 +56,22 @@ def test_entries_of_other_requests_do_not_pair_up() -> None:
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r1"))
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r2")) == []
     assert tracker.add(attempt("p/b", Outcome.OK, request_id="r1")) != []
-    tracker.ended("r1", "g", 2)  # the request's own entry (with a flag: completes nothing)
+    # The requests' own entries (their last attempts were in the log: flagged).
+    tracker.ended("r1", "g", 2)
+    tracker.ended("r2", "g", 1)
     assert len(tracker) == 0
 
 
 def test_a_hedges_cancelled_loser_leaves_nothing_waiting_in_either_order() -> None:
     """The loser is logged when the winner's headers arrive, the request's entry when the
-    reply ends (usually later, but the streams interleave)."""
+    reply ends (usually later, but the streams interleave). The winner is never counted
+    (access_log.py leaves it out, flagged or not)."""
     tracker = AttemptTracker()
-    tracker.forget("r1")
+    tracker.hedged_out("r1", "g")
     assert tracker.answered("r1", "g", "p/b", 2) is None
     assert tracker.answered("r2", "g", "p/b", 2) is None
-    tracker.forget("r2")
+    tracker.hedged_out("r2", "g")
     assert len(tracker) == 0
-
-
-def test_a_flagged_winner_of_a_hedge_leaves_nothing_waiting_in_any_order() -> None:
-    """The primary passed the hedge's deadline (a flag on its attempt) and then answered:
-    its own attempt, read as ok, is in the per-attempt log with the hedge's loser. The
-    loser is reset (and logged) when the winner's headers arrive, the winner when its reply
-    ends, on the same stream: the loser always comes first; the request's entry, on the
-    other stream, anywhere."""
-    orders = [("loser", "winner", "request"), ("loser", "request", "winner"),
-              ("request", "loser", "winner")]
-    for order in orders:
-        tracker = AttemptTracker()
-        for step in order:
-            if step == "loser":
-                tracker.forget("r1")
-            elif step == "winner":
-                assert tracker.add(attempt("p/a", Outcome.OK)) == []
-            else:
-                assert tracker.answered("r1", "g", "p/a", 2) is None
-        assert len(tracker) == 0, order
 
 
 @given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 4),
@@ -106,6 +89,7 @@ def test_a_reused_request_id_never_pairs_with_a_stale_or_foreign_failure() -> No
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR))  # a final failure: nothing follows
     now[0] = 61.0
     assert tracker.add(attempt("p/b", Outcome.OK)) == []  # same id, a minute later
+    tracker.ended("r1", "g", 1)
     assert len(tracker) == 0
     tracker.add(attempt("p/a", Outcome.SERVER_ERROR, request_id="r2", group="g"))
     assert tracker.add(attempt("p/x", Outcome.OK, request_id="r2", group="other")) == []
@@ -154,6 +138,53 @@ def test_the_requests_own_entry_may_arrive_between_its_failures(failures: int,
     assert len(tracker) == 0
 
 
+@given(failures=st.integers(0, 4), last=st.sampled_from(["clean", "failed", "refused"]),
+       data=st.data())
+def test_every_chain_pairs_whole_and_leaves_nothing_in_any_order(
+        failures: int, last: str, data: st.DataObject) -> None:
+    """`failures` failed attempts, then a last one that answered cleanly (not in the
+    per-attempt log: the request's entry says `answered`), failed, or was refused (a 4xx,
+    in the log as no failure; the request's entry says `ended`). The request's entry may
+    come anywhere among the per-attempt entries; review found markers and last failures
+    left waiting for the whole window when it came early."""
+    if failures == 0 and last == "clean":
+        return  # one clean attempt: nothing is logged, nothing is paired
+    targets = [f"p/t{n}" for n in range(failures + 1)]
+    logged = [attempt(targets[n], Outcome.SERVER_ERROR) for n in range(failures)]
+    if last != "clean":
+        logged.append(attempt(targets[-1], Outcome.SERVER_ERROR if last == "failed"
+                              else Outcome.CLIENT_ERROR))
+    position = data.draw(st.integers(0, len(logged)))
+    tracker = AttemptTracker()
+    transitions: list[Transition] = []
+
+    def request_entry() -> None:
+        if last == "clean":
+            transitions.extend(filter(None, [tracker.answered("r1", "g", targets[-1],
+                                                              failures + 1)]))
+        else:
+            tracker.ended("r1", "g", failures + 1)
+
+    for index, entry in enumerate(logged):
+        if index == position:
+            request_entry()
+        transitions += tracker.add(entry)
+    if position == len(logged):
+        request_entry()
+    assert transitions == [Transition("g", targets[n], targets[n + 1], "server_error",
+                                      n + 1, 12.5) for n in range(failures)]
+    assert len(tracker) == 0
+
+
+def test_an_answering_attempt_logged_as_failed_is_never_paired_with_itself() -> None:
+    tracker = AttemptTracker()
+    tracker.add(attempt("p/a", Outcome.SERVER_ERROR))
+    assert tracker.add(attempt("p/b", Outcome.RESET)) == [
+        Transition("g", "p/a", "p/b", "server_error", 1, 12.5)]
+    assert tracker.answered("r1", "g", "p/b", 2) is None
+    assert len(tracker) == 0
+
+
 def test_answers_waiting_for_their_failures_stay_bounded_and_expire() -> None:
     now = [0.0]
     tracker = AttemptTracker(max_pending=10, max_age_s=60, clock=lambda: now[0])
@@ -162,4 +193,5 @@ def test_answers_waiting_for_their_failures_stay_bounded_and_expire() -> None:
     assert len(tracker) == 10
     now[0] = 61.0
     tracker.add(attempt("p/a", Outcome.OK, request_id="x"))
+    tracker.ended("x", "g", 1)
     assert len(tracker) == 0
