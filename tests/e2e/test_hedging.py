@@ -46,6 +46,11 @@ def metric(text: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1]) if line else 0.0
 
 
+def nothing_waits(text: str) -> bool:
+    """Every hedged request's entries met (the loser's, the winner's request entry)."""
+    return "\nsidecar_access_log_attempts_waiting 0.0" in text
+
+
 def metrics_when(up, ready) -> str:
     deadline = time.monotonic() + 10
     while True:
@@ -100,6 +105,7 @@ def test_a_slow_primary_is_hedged_and_the_first_answer_wins(tmp_path: Path) -> N
         # No count or rate counts them; their time to first byte was at least the deadline.
         assert seen["count"] == 0 and seen["error_rate"] == 0.0
         assert seen["p95_ttfb_ms"] >= 400
+        metrics_when(up, nothing_waits)
 
 
 def test_a_primary_in_time_is_served_alone_and_a_failing_one_by_the_pair(
@@ -113,6 +119,7 @@ def test_a_primary_in_time_is_served_alone_and_a_failing_one_by_the_pair(
         providers.provider("slow").behaviour = Behaviour(status=503)
         assert ask(client, 9)[0] == "f"
         metrics_when(up, lambda t: metric(t, "hedge_second_attempts") == 1)
+        metrics_when(up, nothing_waits)  # the pair's failure, paired with the fallback
 
 
 def test_the_budget_bounds_the_hedges(tmp_path: Path) -> None:
