@@ -126,13 +126,12 @@ def _answered_as_if_clean(entry: al.HTTPAccessLogEntry, outcome: Outcome) -> boo
     """An answering attempt whose only flag is a hedge's deadline or the caller's hang-up:
     its request's own entry stands for it (`answered`), as for every attempt that answered
     cleanly, so the attempt counts in neither log's pairing twice (attempts.py)."""
-    if outcome is not Outcome.OK and outcome is not Outcome.CLIENT_CANCEL:
+    if (outcome not in (Outcome.OK, Outcome.CLIENT_CANCEL)
+            or not 200 <= entry.response.response_code.value < 300):
         return False
     common = entry.common_properties
-    if common.upstream_cluster.startswith(HEDGE_CLUSTER_PREFIX):
-        return True
-    return (200 <= entry.response.response_code.value < 300
-            and _caller_side_only(common.response_flags.ListFields()))
+    return (common.upstream_cluster.startswith(HEDGE_CLUSTER_PREFIX)
+            or _caller_side_only(common.response_flags.ListFields()))
 
 
 # Envoy's own failures on a reply the provider sent whole: not the target's doing.
@@ -398,7 +397,9 @@ class AccessLogReceiver:
             if attempt.duration_ms is not None:
                 self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
                                                ttfb_ms=attempt.duration_ms))
-            self._attempts.hedged_out(attempt.request_id, attempt.group)
+            transition = self._attempts.hedged_out(attempt.request_id, attempt.group)
+            if transition is not None:
+                self._transition(transition)
             return
         if _answered_as_if_clean(entry, attempt.outcome):
             return

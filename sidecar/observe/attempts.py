@@ -127,16 +127,24 @@ class AttemptTracker:
         self._keep(request_id, (group, failed, entries, entries, now))
         return transitions
 
-    def hedged_out(self, request_id: str, group: str) -> None:
+    def hedged_out(self, request_id: str, group: str) -> Transition | None:
         """A hedge's cancelled loser: one of the request's entries, and no link in its
         chain of failures (a failure before it still pairs with what comes next)."""
         if not request_id:
-            return
+            return None
         now = self._clock()
         self._expire(now)
         group, last, number, entries = self._taken(request_id, group)
-        if self._counted(request_id, group) is None:
+        answer = self._counted(request_id, group)
+        if answer is None:
             self._keep(request_id, (group, last, number, entries + 1, now))
+            return None
+        if last is None or not answer:
+            return None
+        # The loser was the last entry counted: the failure before it pairs with the
+        # target that answered (whichever came first, the same transition).
+        return Transition(group, last.target, answer, last.outcome.value, number,
+                          last.duration_ms, request_id)
 
     def answered(self, request_id: str, group: str, target: str,
                  attempts: int) -> Transition | None:
@@ -161,6 +169,7 @@ class AttemptTracker:
             seen = None
         entries = seen[3] if seen is not None else 0
         if entries < expected:  # more on their way: the last of them completes this
+            self._waiting.pop(request_id, None)  # (a reused id's goes to the back)
             self._waiting[request_id] = (group, target, expected - entries, now)
             while len(self._waiting) > self._max_pending:
                 self._waiting.popitem(last=False)

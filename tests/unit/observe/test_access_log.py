@@ -334,3 +334,17 @@ def test_a_last_attempt_that_failed_waits_no_longer_than_the_requests_entry() ->
     _feed(receiver, entry(200, cluster="target__g__0__a", upstream_remote_reset=True),
           per_attempt=False, request_id="r3")
     assert receiver.attempts_waiting == 0
+
+
+def test_a_cancelled_hedged_attempt_counts_and_only_a_hedges_answer_is_left_out() -> None:
+    """Review: a hedged attempt the caller cancelled (status 0, a caller-side flag) is in
+    the per-attempt log and its request expects it; only an answer (2xx) stands in the
+    request's own entry."""
+    from sidecar.envoy_contract import HEDGE_CLUSTER_PREFIX
+    from sidecar.observe.access_log import _answered_as_if_clean
+
+    hedged = entry(0, cluster=f"{HEDGE_CLUSTER_PREFIX}g__0__a__1__b",
+                   downstream_remote_reset=True)
+    assert not _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
+    hedged.response.response_code.value = 200
+    assert _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)

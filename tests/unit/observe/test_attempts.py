@@ -195,3 +195,18 @@ def test_answers_waiting_for_their_failures_stay_bounded_and_expire() -> None:
     tracker.add(attempt("p/a", Outcome.OK, request_id="x"))
     tracker.ended("x", "g", 1)
     assert len(tracker) == 0
+
+
+def test_a_failure_pairs_the_same_whether_a_hedges_loser_or_the_request_comes_last() -> None:
+    """Review: when the loser completed the count, the failure before it was dropped."""
+    for request_first in (True, False):
+        tracker = AttemptTracker()
+        found: list[Transition] = []
+        if request_first:
+            found += filter(None, [tracker.answered("r1", "g", "p/c", 3)])
+        found += tracker.add(attempt("p/a", Outcome.SERVER_ERROR))
+        found += filter(None, [tracker.hedged_out("r1", "g")])
+        if not request_first:
+            found += filter(None, [tracker.answered("r1", "g", "p/c", 3)])
+        assert found == [Transition("g", "p/a", "p/c", "server_error", 1, 12.5)]
+        assert len(tracker) == 0
