@@ -1,6 +1,9 @@
 """Envoy's half of the gRPC channel authentication (sidecar/grpcwire/auth.py): every gRPC
 service in the bootstrap that calls the sidecar (both ext_proc filters, both access logs)
-sends the channel token as initial metadata.
+sends the channel token as initial metadata, and so do Envoy's health checks of the
+sidecar's cluster (envoy_config/readiness.py). Without it each health check (one a second)
+was a call without the token, and the sidecar's budget for those (100 per connection) closed
+Envoy's health-check connection every ~100 s: `/ready` answered 503 for a second each time.
 
 Applied to the rendered document as data, so a gRPC service added anywhere later is covered
 without each builder having to remember the token.
@@ -29,6 +32,12 @@ def _walk(node: Any, token: str) -> None:
         service = node.get("grpc_service")
         if isinstance(service, dict) and _targets_sidecar(service):
             service["initial_metadata"] = [{"key": CHANNEL_TOKEN_HEADER, "value": token}]
+        if node.get("name") == EXT_PROC_CLUSTER:
+            for check in node.get("health_checks", ()):
+                grpc_check = check.get("grpc_health_check")
+                if isinstance(grpc_check, dict):
+                    grpc_check["initial_metadata"] = [
+                        {"header": {"key": CHANNEL_TOKEN_HEADER, "value": token}}]
         for value in node.values():
             _walk(value, token)
     elif isinstance(node, list):

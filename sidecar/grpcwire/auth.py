@@ -4,7 +4,8 @@ Envoy sends a per-deployment secret as gRPC initial metadata on every call it ma
 sidecar (the `initial_metadata` of its `GrpcService`, rendered by `sidecar render-envoy`);
 the server compares it in constant time before a call reaches any handler. Health checks
 stay open, because probes (Kubernetes, load balancers) cannot send metadata and the health
-service reveals nothing but "serving".
+service reveals nothing but "serving". Envoy's own health checks of the sidecar carry the
+token too (envoy_config/channel.py), so they never spend what a peer without it may.
 
 The token is a shared secret between two processes the operator runs side by side, not a
 user credential: it is generated per start by `sidecar up`, or read from a file (a
@@ -43,11 +44,11 @@ class ChannelAuth:
         self._token = token.encode("ascii")
 
     def allows(self, method: bytes, presented: bytes | None) -> bool:
-        if method in OPEN_METHODS:
-            return True
-        if presented is None:
-            return False
-        return hmac.compare_digest(presented, self._token)
+        return method in OPEN_METHODS or self.carries_token(presented)
+
+    def carries_token(self, presented: bytes | None) -> bool:
+        """The right token, whatever the method: a health call that carries it is Envoy's."""
+        return presented is not None and hmac.compare_digest(presented, self._token)
 
 
 def check_token(token: str, what: str = "gRPC channel token") -> None:

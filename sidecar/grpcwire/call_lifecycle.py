@@ -106,6 +106,9 @@ class CallLifecycle:
         if flags & f.END_STREAM:
             call.remote_closed = True
         if open_method:
+            auth = server.auth
+            if not self._authenticated and auth is not None and auth.carries_token(token):
+                self._authenticate()
             if not self._open_call(call, factory):
                 return
         else:
@@ -117,8 +120,7 @@ class CallLifecycle:
                     self._refuse(call, UNAUTHENTICATED, "missing or wrong channel token")
                     return
                 if not self._authenticated:
-                    self._authenticated = True
-                    server.unauthenticated.pop(self, None)  # type: ignore[call-overload]
+                    self._authenticate()
             if not self.carries_peer_calls:
                 self.carries_peer_calls = True
                 server.peers_seen += 1
@@ -139,9 +141,16 @@ class CallLifecycle:
 
     # --- calls without the channel token: their own small budget -------------------------
 
+    def _authenticate(self) -> None:
+        """The connection made a call with the token (Envoy's, health checks included): from
+        now on it spends Envoy's budgets, not those of a peer without the token."""
+        self._authenticated = True
+        self._server.unauthenticated.pop(self, None)  # type: ignore[call-overload]
+
     def _count_unauthenticated(self) -> None:
         """A call without the token on a connection that has made no authenticated one
-        (Envoy makes none): past `max_unauthenticated_calls`, GOAWAY ENHANCE_YOUR_CALM."""
+        (Envoy makes none, health checks included): past `max_unauthenticated_calls`, GOAWAY
+        ENHANCE_YOUR_CALM."""
         self._unauthenticated_calls += 1
         if self._unauthenticated_calls > self._limits.max_unauthenticated_calls:
             raise FloodError("too many calls without the channel token")

@@ -65,7 +65,8 @@ class ServerLimits:
     # frees its reservation); then it ends with RESOURCE_EXHAUSTED.
     open_method_timeout: float = 2.0
     # Calls without the channel token (refused, or open-method calls) one connection may
-    # make in its life; the next ends it with GOAWAY ENHANCE_YOUR_CALM. Envoy makes none.
+    # make in its life; the next ends it with GOAWAY ENHANCE_YOUR_CALM. Envoy makes none: its
+    # health checks carry the token too (envoy_config/channel.py).
     max_unauthenticated_calls: int = 100
     # Connections that have not (yet) made an authenticated call; a new one beyond it closes
     # the oldest of them (GOAWAY ENHANCE_YOUR_CALM), so Envoy always finds a slot.

@@ -313,6 +313,30 @@ def test_a_connection_is_closed_after_too_many_unauthenticated_calls() -> None:
     assert not envoy.closed
 
 
+def test_health_calls_with_the_token_are_envoys_and_never_spend_the_unauthenticated_budget(
+        ) -> None:
+    """Issue 40, observation 1: Envoy health-checks the sidecar once a second over one
+    connection; with the token those calls authenticate it, so the budget for calls without
+    the token never closes it (it did after 100 checks, and /ready flapped)."""
+    server, clock = make_server(flood_burst=10_000)
+    envoy = Peer(server, clock)
+    limit = server.limits.max_unauthenticated_calls
+    for n in range(3 * limit):
+        clock.now += 1  # Envoy's cadence
+        envoy.send(envoy.open(1 + 2 * n, HEALTH, token=True),
+                   f.frame(f.DATA, f.END_STREAM, 1 + 2 * n, grpc_message(check_request())))
+    assert not envoy.closed and server.counters.flood_closed == 0
+    assert envoy.status(1 + 2 * (3 * limit - 1)) == "0"
+    # a wrong token is no token: that peer keeps the small budget
+    server.auth = ChannelAuth("w" * 40)
+    stranger = Peer(server, clock)
+    for n in range(limit + 1):
+        clock.now += 10
+        stranger.send(stranger.open(1 + 2 * n, HEALTH, token=True),
+                      f.frame(f.DATA, f.END_STREAM, 1 + 2 * n, grpc_message(check_request())))
+    assert stranger.closed and stranger.goaway == f.ENHANCE_YOUR_CALM
+
+
 # --- item 5: connection slots ------------------------------------------------------------------
 
 def test_unauthenticated_connections_have_their_own_smaller_share_of_slots() -> None:

@@ -339,6 +339,24 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
     assert check["interval"] == check["no_traffic_interval"] == "1s"
 
 
+def test_envoy_health_checks_of_the_sidecar_carry_the_channel_token(tmp_path: Path) -> None:
+    """Issue 40, observation 1: a health check without the token is a call the sidecar counts
+    against `max_unauthenticated_calls`; the 101st closed Envoy's health-check connection and
+    `/ready` answered 503 for a second, every ~100 s."""
+    config = load_config_text(demo_config_text("http://127.0.0.1:18080"))
+    write_sds_files(config, tmp_path / "secrets")
+    text = render_envoy_yaml(config, EnvoyAddresses(secrets_dir=str(tmp_path / "secrets")),
+                             channel_token="t" * 43)
+    ext_proc, = (c for c in yaml.safe_load(text)["static_resources"]["clusters"]
+                 if c["name"] == "sidecar_ext_proc")
+    check, = ext_proc["health_checks"]
+    assert check["grpc_health_check"]["initial_metadata"] == [
+        {"header": {"key": "x-sidecar-channel-token", "value": "t" * 43}}]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    envoy_validate(path)
+
+
 def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_key() -> None:
     config = load_config_file(FIXTURES / "spec_sample.yaml")
     document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
