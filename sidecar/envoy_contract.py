@@ -94,6 +94,11 @@ CACHE_WRITE_INCLUDED_KEY = "cache_write_included_tokens"
 # may serve although its status is the request's own (a context-length 400): the route's
 # retry policy retries on it. Never reaches the caller (the response allowlist drops it).
 CONTEXT_RETRY_HEADER = "x-sidecar-retry"
+# Set on a held provider reply whose status is a refusal's (a 400, 413, 422) but that no
+# entry of the refusal catalogue knows (observe/refusal_catalogue.py): `type=…;code=…`,
+# tokens only. The per-attempt access log carries it to the sidecar's counter; the
+# response allowlist drops it before the caller.
+UNRECOGNISED_HEADER = "x-sidecar-unrecognised"
 
 # Set by the decision for groups whose route settings differ from the default (a stream idle
 # timeout, a wait for a 429's retry-after): Envoy picks that class's route by it. Removed by

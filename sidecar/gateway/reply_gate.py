@@ -22,9 +22,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sidecar.envoy_contract import CONTEXT_RETRY_HEADER
+from sidecar.envoy_contract import CONTEXT_RETRY_HEADER, UNRECOGNISED_HEADER
 from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
-from sidecar.observe.refusals import is_context_refusal
+from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
 from sidecar.observe.reply_reading import Facts, json_reply_facts
 
 MAX_HELD_EVENT_BYTES = 64 * 1024
@@ -68,7 +68,8 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
 class UndeclaredLengthGate:
     """A JSON (or any non-stream) reply without a declared length. Like the Lua hold of
     replies of declared length (envoy_config/upstream_errors.py), it marks a context-length
-    400 retriable and gives a 429 that names its wait only in reset headers a
+    refusal of the catalogue retriable, names a refusal no entry knows (the access log
+    counts it), and gives a 429 that names its wait only in reset headers a
     `retry-after`."""
 
     __slots__ = ("_headers", "_status")
@@ -83,8 +84,11 @@ class UndeclaredLengthGate:
         after which the rest passes unread (no facts: the usage comes last). `now`: wall
         clock, for reset headers that name a moment."""
         facts = json_reply_facts(body) if end_of_stream else {}
-        if is_context_refusal(self._status, body):
+        if end_of_stream and is_context_refusal(self._status, body):
             return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+        mark = unrecognised_mark(self._status, body) if end_of_stream else None
+        if mark is not None:
+            return Release(facts, ((UNRECOGNISED_HEADER, mark),))
         if self._status == 429 and RETRY_AFTER not in self._headers:
             wait = requested_wait_s(self._headers, now)
             if wait is not None:

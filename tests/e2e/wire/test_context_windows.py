@@ -17,7 +17,12 @@ pytestmark = pytest.mark.e2e
 LONG = [{"role": "user", "content": "word " * 200}]  # ~1,000 bytes: over the fakes' 64
 
 
-@pytest.mark.parametrize("name", ["openai_context_length", "vllm_context_length"])
+@pytest.mark.parametrize("name", ["openai_context_length", "vllm_context_length",
+                                  "llamacpp_context_length", "sglang_context_length",
+                                  "tgi_context_length", "gemini_context_length",
+                                  "bedrock_context_length", "mistral_context_length",
+                                  "groq_context_length", "together_context_length",
+                                  "deepseek_context_length"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_context_length_refusal_goes_to_the_next_target(fresh: Stack, name: str,
                                                           chunked: bool) -> None:
