@@ -5,11 +5,14 @@ caller sees it; when every target refuses, the caller gets the provider's 400.""
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 import openai
 import pytest
 
 from sidecar.devstack.provider_behaviours import behaviour
+from sidecar.devstack.providers import Behaviour
 from tests.e2e.wire.conftest import Stack, prompt
 
 pytestmark = pytest.mark.e2e
@@ -74,3 +77,34 @@ def test_a_declared_window_keeps_a_request_that_cannot_fit_away(fresh: Stack) ->
     fits = fresh.openai.chat.completions.create(model="declared-windows", messages=prompt(),
                                                 max_tokens=8)
     assert fits.model == "o1-small"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 40, observation 8: not fixed yet — the order "
+                   "[o1, o1, o2] sends a refusal to o1 again (docs/fallback-and-streaming.md, "
+                   "Known limits)")
+def test_a_refusal_is_never_retried_on_the_same_target(fresh: Stack) -> None:
+    """`retry_same_target: 1`: a context-length refusal goes straight to the next target;
+    the same target would refuse the same prompt again."""
+    fresh.behave("o1", behaviour("llamacpp_context_length"))
+    reply = fresh.openai.chat.completions.create(model="retry-same", messages=LONG,
+                                                 max_tokens=8)
+    assert reply.model == "o2-model"
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (1, 1)
+
+
+def test_an_unrecognised_refusal_is_passed_through_and_counted_by_provider(
+        fresh: Stack) -> None:
+    """A 400 no catalogue entry knows reaches the caller as sent (no fallback) and is
+    counted for its provider on `/metrics`."""
+    before = fresh.metric("sidecar_unrecognised_refusals", provider="o1")
+    fresh.behave("o1", Behaviour(status=400, error_body=(
+        b'{"error": {"message": "some new wording", "type": "novel_error", "code": "n1"}}')))
+    with pytest.raises(openai.BadRequestError) as raised:
+        fresh.openai.chat.completions.create(model="windows", messages=prompt(), max_tokens=8)
+    assert raised.value.code == "n1"
+    assert "x-sidecar-unrecognised" not in raised.value.response.headers
+    assert fresh.received("o2") == []
+    deadline = time.monotonic() + 5
+    while fresh.metric("sidecar_unrecognised_refusals", provider="o1") != before + 1:
+        assert time.monotonic() < deadline, "the counter did not move"
+        time.sleep(0.05)
