@@ -99,6 +99,10 @@ CONTEXT_RETRY_HEADER = "x-sidecar-retry"
 # tokens only. The per-attempt access log carries it to the sidecar's counter; the
 # response allowlist drops it before the caller.
 UNRECOGNISED_HEADER = "x-sidecar-unrecognised"
+# Added to every provider reply by the target cluster's header-mutation filter: the
+# attempt's number (Envoy's count), so that the hold's Lua knows which entry of the attempt
+# order refused (envoy_config/attempt_order_lua.py). The response allowlist drops it.
+ATTEMPT_MARK_HEADER = "x-sidecar-attempt"
 
 # Set by the decision for groups whose route settings differ from the default (a stream idle
 # timeout, a wait for a 429's retry-after): Envoy picks that class's route by it. Removed by

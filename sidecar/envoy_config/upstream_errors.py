@@ -73,6 +73,7 @@ from envoy_data_plane.xds.type.matcher.v3 import (
     StringMatcher,
 )
 
+from sidecar.envoy_config.attempt_order_lua import attempt_order_chunk
 from sidecar.envoy_config.matchers import Predicate, negated, response_header, skipped_when
 from sidecar.envoy_config.refusal_lua import refusal_chunk
 from sidecar.envoy_contract import CONTEXT_RETRY_HEADER, UNRECOGNISED_HEADER
@@ -225,7 +226,7 @@ local function seconds(text)
 end
 
 %(refusals)s
-
+%(order)s
 function envoy_on_response(handle)
   local kind = string.lower(handle:headers():get("content-type") or "")
   if string.find(kind, "text/event-stream", 1, true) ~= nil then return end
@@ -245,14 +246,17 @@ function envoy_on_response(handle)
     local text = string.lower(body:getBytes(0, math.min(body:length(), REFUSAL_SCANNED + 1)))
     local verdict = refusal_verdict(status, text)
     if verdict == "context_window" then
-      headers:add("%(header)s", "context_window")
+      if other_target_next(handle, headers) then
+        headers:add("%(header)s", "context_window")
+      end
     elseif verdict == nil and REFUSAL_STATUSES[status] then
       headers:add("%(unrecognised)s", unrecognised_mark(text))
     end
   end
 end
 """.replace("%(header)s", CONTEXT_RETRY_HEADER).replace(
-    "%(unrecognised)s", UNRECOGNISED_HEADER).replace("%(refusals)s", refusal_chunk())
+    "%(unrecognised)s", UNRECOGNISED_HEADER).replace("%(refusals)s", refusal_chunk()).replace(
+    "%(order)s", attempt_order_chunk())
 
 
 def hold_bounded_replies(limit: int) -> HttpFilter:

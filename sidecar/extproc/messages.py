@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from envoy.config.core.v3.base_pb2 import HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderValueOption, Metadata
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from sidecar.envoy_contract import (
@@ -100,11 +100,33 @@ def attempt_order(clusters: tuple[str, ...]) -> bytes:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
         holder = ext.ProcessingResponse()
-        holder.dynamic_metadata.update({ROUTE_NAMESPACE: {"priority_groups": [
-            {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
-            for n, cluster in enumerate(clusters, 1)]}})
+        holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(clusters)})
         order = _ORDERS[clusters] = holder.SerializeToString()
     return order
+
+
+def _priority_groups(clusters: Iterable[str]) -> dict:
+    return {"priority_groups": [
+        {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
+        for n, cluster in enumerate(clusters, 1)]}
+
+
+def order_of(metadata: Metadata) -> tuple[str, ...]:
+    """The attempt order's clusters from the `sidecar.route` metadata Envoy forwarded (a
+    protobuf `Metadata`); empty when it is not there or not readable."""
+    route = metadata.filter_metadata.get(ROUTE_NAMESPACE)
+    if route is None or "priority_groups" not in route.fields:
+        return ()
+    clusters = []
+    for group in route.fields["priority_groups"].list_value.values:
+        entries = group.struct_value.fields.get("clusters")
+        if entries is None or not entries.list_value.values:
+            return ()
+        name = entries.list_value.values[0].struct_value.fields.get("cluster_name")
+        if name is None or not name.string_value:
+            return ()
+        clusters.append(name.string_value)
+    return tuple(clusters)
 
 
 def _field_number(message: type, name: str) -> int:
@@ -203,7 +225,8 @@ def continue_response_headers() -> ext.ProcessingResponse:
 
 
 def release_body(facts: Mapping[str, float | str],
-                 set_headers: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+                 set_headers: Iterable[tuple[str, str]] = (),
+                 attempt_order: tuple[str, ...] | None = None) -> ext.ProcessingResponse:
     """A held reply goes on, its body unchanged; what the sidecar read of it goes to the
     usage metadata, where the access log finds it as it finds json_to_metadata's; its
     headers (still held) get `set_headers`."""
@@ -212,6 +235,9 @@ def release_body(facts: Mapping[str, float | str],
         _add_sets(response.response_body.response.header_mutation.set_headers, set_headers)
     if facts:
         response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
+    if attempt_order is not None:
+        # A refusal: the router's next attempt goes to the next other target.
+        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(attempt_order)})
     return response
 
 

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sidecar.envoy_contract import CONTEXT_RETRY_HEADER, UNRECOGNISED_HEADER
+from sidecar.envoy_contract import (
+    ATTEMPT_MARK_HEADER,
+    CONTEXT_RETRY_HEADER,
+    UNRECOGNISED_HEADER,
+)
 from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
 from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
 from sidecar.observe.reply_reading import Facts, json_reply_facts
@@ -48,6 +52,8 @@ class Release:
 
     facts: Facts = field(default_factory=dict)
     set_headers: tuple[tuple[str, str], ...] = ()
+    # The rest of the attempt order rewritten (a refusal: see `order_after_refusal`).
+    attempt_order: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,23 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
     return headers.get("content-type", "").lower().startswith("text/event-stream")
 
 
+def order_after_refusal(order: Sequence[str], attempt: int) -> tuple[str, ...] | None:
+    """The attempt order once the target of attempt `attempt` (1-based) refused the
+    request itself: the later entries naming that target are dropped and the last remaining
+    one fills the order back to its length (Envoy's retry count is fixed; a shorter order
+    would wrap round to the refusing target). None: no other target is left, the refusal
+    is not retried. The same rule as the hold's Lua (envoy_config/attempt_order_lua.py).
+    An order that cannot be read is returned as it is (retried as before)."""
+    if not 1 <= attempt <= len(order):
+        return tuple(order)
+    refused = order[attempt - 1]
+    rest = [cluster for cluster in order[attempt:] if cluster != refused]
+    if not rest:
+        return None
+    kept = [*order[:attempt], *rest]
+    return tuple(kept + [rest[-1]] * (len(order) - len(kept)))
+
+
 class UndeclaredLengthGate:
     """A JSON (or any non-stream) reply without a declared length. Like the Lua hold of
     replies of declared length (envoy_config/upstream_errors.py), it marks a context-length
@@ -72,10 +95,12 @@ class UndeclaredLengthGate:
     counts it), and gives a 429 that names its wait only in reset headers a
     `retry-after`."""
 
-    __slots__ = ("_headers", "_status")
+    __slots__ = ("_headers", "_order", "_status")
 
-    def __init__(self, headers: Mapping[str, str]) -> None:
+    def __init__(self, headers: Mapping[str, str], order: Sequence[str] = ()) -> None:
+        """`order`: the request's attempt order (its clusters), when Envoy sent it."""
         self._headers = headers
+        self._order = order
         status = headers.get(":status", "")
         self._status = int(status) if status.isdigit() else 0
 
@@ -85,7 +110,7 @@ class UndeclaredLengthGate:
         clock, for reset headers that name a moment."""
         facts = json_reply_facts(body) if end_of_stream else {}
         if end_of_stream and is_context_refusal(self._status, body):
-            return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+            return self._refused(facts)
         mark = unrecognised_mark(self._status, body) if end_of_stream else None
         if mark is not None:
             return Release(facts, ((UNRECOGNISED_HEADER, mark),))
@@ -94,6 +119,17 @@ class UndeclaredLengthGate:
             if wait is not None:
                 return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),))
         return Release(facts)
+
+
+    def _refused(self, facts: Facts) -> Release:
+        """A context refusal: retried on the next other target, never on this one."""
+        if not self._order:
+            return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+        attempt = self._headers.get(ATTEMPT_MARK_HEADER, "")
+        order = order_after_refusal(self._order, int(attempt) if attempt.isdigit() else 0)
+        if order is None:
+            return Release(facts)
+        return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),), order)
 
 
 class FirstEventGate:

@@ -79,17 +79,48 @@ def test_a_declared_window_keeps_a_request_that_cannot_fit_away(fresh: Stack) ->
     assert fits.model == "o1-small"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40, observation 8: not fixed yet — the order "
-                   "[o1, o1, o2] sends a refusal to o1 again (docs/fallback-and-streaming.md, "
-                   "Known limits)")
-def test_a_refusal_is_never_retried_on_the_same_target(fresh: Stack) -> None:
-    """`retry_same_target: 1`: a context-length refusal goes straight to the next target;
-    the same target would refuse the same prompt again."""
-    fresh.behave("o1", behaviour("llamacpp_context_length"))
-    reply = fresh.openai.chat.completions.create(model="retry-same", messages=LONG,
+@pytest.mark.parametrize("name", ["llamacpp_context_length", "openai_context_length",
+                                  "tgi_context_length"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_refusal_is_never_retried_on_the_same_target(fresh: Stack, name: str,
+                                                       chunked: bool) -> None:
+    """Issue 40, observation 8: with the documented failover options on
+    (`retry_same_target: 1`, the wait for `retry-after`, the first-event commit, a
+    first-token timeout), a context-length refusal goes straight to the next target: the
+    order [o1, o1, o2] would have sent it to o1 again, which would refuse it again."""
+    refusal = behaviour(name)
+    refusal.chunked_json = chunked
+    fresh.behave("o1", refusal)
+    reply = fresh.openai.chat.completions.create(model="failover-options", messages=LONG,
                                                  max_tokens=8)
-    assert reply.model == "o2-model"
+    assert reply.model == "o2-opts"
     assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (1, 1)
+
+
+def test_a_refusal_by_every_target_is_answered_after_one_attempt_each(fresh: Stack) -> None:
+    for name in ("o1", "o2"):
+        fresh.behave(name, behaviour("llamacpp_context_length"))
+    with pytest.raises(openai.BadRequestError) as raised:
+        fresh.openai.chat.completions.create(model="failover-options", messages=LONG,
+                                             max_tokens=8)
+    assert "exceeds the available context size" in raised.value.message
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (1, 1)
+
+
+def test_a_lone_target_that_refuses_is_not_asked_again(fresh: Stack) -> None:
+    fresh.behave("o1", behaviour("openai_context_length"))
+    with pytest.raises(openai.BadRequestError):
+        fresh.openai.chat.completions.create(model="retry-same-lone", messages=LONG,
+                                             max_tokens=8)
+    assert len(fresh.received("o1")) == 1
+
+
+def test_a_one_off_500_is_still_retried_on_the_same_target(fresh: Stack) -> None:
+    """What a same-target retry is for: a failure that may not repeat."""
+    fresh.behave("o1", behaviour("transient_500"))
+    reply = fresh.openai.chat.completions.create(model="failover-options", messages=prompt())
+    assert reply.model == "o1-opts"
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (2, 0)
 
 
 def test_an_unrecognised_refusal_is_passed_through_and_counted_by_provider(
