@@ -15,6 +15,9 @@ EXT_PROC_CLUSTER = "sidecar_ext_proc"
 # The decision's target order, as dynamic metadata read by Envoy's priority-group cluster
 # specifier: attempt n goes to the n-th cluster (docs/fallback-and-streaming.md).
 ROUTE_NAMESPACE = "sidecar.route"
+# Beside the priority groups in ROUTE_NAMESPACE, for groups with `retry_same_target`: how
+# many times in a row a held 5xx or 429 may put the same target next.
+SAME_TARGET_KEY = "same_target_retries"
 # Where a request goes if no order was set (never by design): a cluster with no endpoints.
 NO_TARGET_CLUSTER = "sidecar_no_target"
 # Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.

@@ -122,4 +122,4 @@ def first_event_gate(first_event_wait_s: float,
     not_a_stream = negated(response_header("content-type", _EVENT_STREAM))
     return skipped_when(not_a_stream, "sidecar.gate_first_event", "envoy.filters.http.ext_proc",
                         _gate(ProcessingModeBodySendMode.STREAMED, first_event_wait_s + 1.0,
-                              credential_headers, early_body=True))
+                              credential_headers, early_body=True, reads_order=True))

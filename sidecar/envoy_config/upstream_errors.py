@@ -208,6 +208,9 @@ def length_within(limit: int) -> Predicate:
 #   of the refusal catalogue, observe/refusal_catalogue.py, scanned by refusal_lua.py) is
 #   marked retriable (CONTEXT_RETRY_HEADER), so the router tries the next target, which
 #   may have a larger window; a last one reaches the caller as sent;
+# - in a group with `retry_same_target`, a 5xx or a 429 puts the same target next in the
+#   request's attempt order, and a context refusal takes the refusing target out of the
+#   rest of it (attempt_order_lua.py; gateway/attempt_orders.py has the rules);
 # - a refusal status no entry knows gets UNRECOGNISED_HEADER (its error's type and code,
 #   tokens only), which the per-attempt access log carries to the sidecar's counter
 #   (observe/access_log.py); the response allowlist drops both before the caller.
@@ -234,6 +237,9 @@ function envoy_on_response(handle)
   -- A handle taken before body() is out of scope after it: take the headers again.
   local headers = handle:headers()
   local status = headers:get(":status")
+  if status == "429" or string.sub(status or "", 1, 1) == "5" then
+    same_target_next(handle, headers)
+  end
   if status == "429" and headers:get("retry-after") == nil then
     local wait = nil
     for _, name in ipairs({"x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"}) do

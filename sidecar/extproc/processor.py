@@ -218,10 +218,11 @@ class ProcessStream:
         if message.end_of_stream:
             return messages.continue_response_headers(), True
         headers = messages.header_map(message)
+        order = messages.order_of(metadata)
         if is_event_stream(headers):
-            self._gate = FirstEventGate()
+            self._gate = FirstEventGate(headers, order)
             return None, False
-        self._gate = UndeclaredLengthGate(headers, messages.order_of(metadata))
+        self._gate = UndeclaredLengthGate(headers, order)
         return messages.continue_response_headers(), False
 
     def _gated(self, body: ext.HttpBody) -> Step:
@@ -234,7 +235,7 @@ class ProcessStream:
         if verdict is None:
             return None, False
         if isinstance(verdict, Retry):
-            return messages.retry_held_reply(verdict.status), True
+            return messages.retry_held_reply(verdict.status, verdict.attempt_order), True
         # Ending the stream is "processing complete" for Envoy: the held headers and chunks
         # go on, and the rest of the stream flows without the sidecar.
         return None, True
