@@ -118,8 +118,11 @@ def test_a_lone_target_that_refuses_is_not_asked_again(fresh: Stack) -> None:
 def test_a_one_off_500_is_still_retried_on_the_same_target(fresh: Stack) -> None:
     """What a same-target retry is for: a failure that may not repeat."""
     fresh.behave("o1", behaviour("transient_500"))
-    reply = fresh.openai.chat.completions.create(model="failover-options", messages=prompt())
-    assert reply.model == "o1-opts"
+    raw = fresh.openai.chat.completions.with_raw_response.create(model="failover-options",
+                                                                 messages=prompt())
+    assert raw.parse().model == "o1-opts"
+    # The attempt's number is for the hold's Lua only: never the caller's.
+    assert "x-sidecar-attempt" not in raw.headers
     assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (2, 0)
 
 
