@@ -15,6 +15,9 @@ EXT_PROC_CLUSTER = "sidecar_ext_proc"
 # The decision's target order, as dynamic metadata read by Envoy's priority-group cluster
 # specifier: attempt n goes to the n-th cluster (docs/fallback-and-streaming.md).
 ROUTE_NAMESPACE = "sidecar.route"
+# Beside the priority groups in ROUTE_NAMESPACE, for groups with `retry_same_target`: how
+# many times in a row a held 5xx or 429 may put the same target next.
+SAME_TARGET_KEY = "same_target_retries"
 # Where a request goes if no order was set (never by design): a cluster with no endpoints.
 NO_TARGET_CLUSTER = "sidecar_no_target"
 # Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.
@@ -94,6 +97,15 @@ CACHE_WRITE_INCLUDED_KEY = "cache_write_included_tokens"
 # may serve although its status is the request's own (a context-length 400): the route's
 # retry policy retries on it. Never reaches the caller (the response allowlist drops it).
 CONTEXT_RETRY_HEADER = "x-sidecar-retry"
+# Set on a held provider reply whose status is a refusal's (a 400, 413, 422) but that no
+# entry of the refusal catalogue knows (observe/refusal_catalogue.py): `type=…;code=…`,
+# tokens only. The per-attempt access log carries it to the sidecar's counter; the
+# response allowlist drops it before the caller.
+UNRECOGNISED_HEADER = "x-sidecar-unrecognised"
+# Added to every provider reply by the target cluster's header-mutation filter: the
+# attempt's number (Envoy's count), so that the hold's Lua knows which entry of the attempt
+# order refused (envoy_config/attempt_order_lua.py). The response allowlist drops it.
+ATTEMPT_MARK_HEADER = "x-sidecar-attempt"
 
 # Set by the decision for groups whose route settings differ from the default (a stream idle
 # timeout, a wait for a 429's retry-after): Envoy picks that class's route by it. Removed by

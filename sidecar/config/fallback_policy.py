@@ -51,9 +51,10 @@ class Fallback(StrictModel):
     per_try_timeout_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] = 300.0
     # The whole request, streams included; unset means `limits.request_timeout_seconds`.
     deadline_seconds: Annotated[PositiveFloat, bounded(0.001, 86_400)] | None = None
-    # Attempts at the same target after a failure before the next target is tried (within
-    # max_attempts and the deadline): a one-off 500 on the best target costs a retry, not a
-    # dearer or slower answer.
+    # Attempts at the same target after a failure that may not repeat (a 5xx or a 429 the
+    # provider answered) before the next target is tried (within max_attempts and the
+    # deadline): a one-off 500 on the best target costs a retry, not a dearer or slower
+    # answer. A refusal, a timeout, a reset or no connection goes to the next target.
     retry_same_target: Annotated[NonNegativeInt, bounded(0, 3)] = 0
     # With retry_same_target: a provider's 429 whose `retry-after` is at most this is waited
     # out before the same target is tried again (0: retry after Envoy's short back-off).
@@ -100,22 +101,29 @@ class Fallback(StrictModel):
         return RouteClass(self.idle_timeout_seconds, self.wait_for_retry_after_seconds)
 
     def attempt_order(self, targets: Sequence[T]) -> list[T]:
-        """The attempts a decision's order allows: each target `retry_same_target` more
-        times in a row, `max_attempts` in all. A decision of several targets but fewer
-        attempts than that goes round them again for the attempts left, so one target's
-        one-off failure after another's is retried, not answered (issue #31: with
-        `max_attempts: 3`, [A, B] is A, B, A). A decision of one target gets a second
-        attempt at it (`retries_lone_target`), on a route that retries only a failure of
-        the provider's own (5xx, reset, no connection): retrying a lone provider that just
-        answered 429 would only add load it asked not to get."""
-        repeated = [target for target in targets for _ in range(self.retry_same_target + 1)]
+        """The attempts a decision's order allows, `max_attempts` in all. A decision of
+        several targets but fewer attempts than that goes round them again for the
+        attempts left, so one target's one-off failure after another's is retried, not
+        answered (issue #31: with `max_attempts: 3`, [A, B] is A, B, A). A decision of one
+        target gets a second attempt at it (`retries_lone_target`), on a route that
+        retries only a failure of the provider's own (5xx, reset, no connection): retrying
+        a lone provider that just answered 429 would only add load it asked not to get.
+
+        `retry_same_target` does not repeat targets here: a repeat is earned by the
+        failure, where Envoy holds the reply (issue 40: a refusal or a silent target is
+        not worth a second try there). A held 5xx or 429 puts the same target next, at
+        most `retry_same_target` times in a row (`same_target_next`,
+        envoy_config/attempt_order_lua.py and gateway/reply_gate.py); a refusal, a
+        timeout, a reset or no connection goes on to the next target of this order."""
         if self.retries_lone_target(len(targets)):
             return [targets[0], targets[0]]
         if len(targets) < 2:
+            repeated = [target for target in targets for _ in range(self.retry_same_target + 1)]
             return repeated[:self.max_attempts]
-        while len(repeated) < self.max_attempts:
-            repeated += repeated[:self.max_attempts - len(repeated)]
-        return repeated[:self.max_attempts]
+        order = list(targets)
+        while len(order) < self.max_attempts:
+            order += order[:self.max_attempts - len(order)]
+        return order[:self.max_attempts]
 
     def retries_lone_target(self, targets: int) -> bool:
         """A decision of one target, in a group that allows a second attempt and does not

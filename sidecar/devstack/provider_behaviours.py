@@ -96,6 +96,12 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
                    lambda: Behaviour(context_window_tokens=64)),
     NamedBehaviour("vllm_context_length", "docs.vllm.ai, OpenAI-compatible server errors",
                    lambda: Behaviour(context_window_tokens=64, vllm_errors=True)),
+    *(NamedBehaviour(f"{family.replace('.', '')}_context_length",
+                     f"observe/refusal_catalogue.py, {family}'s entry",
+                     lambda family=family: Behaviour(context_window_tokens=64,
+                                                     refuses_as=family))
+      for family in ("llama.cpp", "sglang", "tgi", "gemini", "bedrock", "mistral", "groq",
+                     "together", "deepseek")),
     NamedBehaviour("no_usage", "an OpenAI-compatible server that reports no usage, "
                    "`stream_options` or not", lambda: Behaviour(reports_usage=False)),
     NamedBehaviour("openai_cached_usage", "platform.openai.com/docs/guides/prompt-caching",

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.observe.refusal_catalogue import examples
+
 _CREATED = 1_700_000_000
 
 
@@ -191,22 +193,22 @@ def openai_error(status: int, message: str, code: str | None = None,
                                  "code": code}}).encode()
 
 
+def catalogue_refusal(provider: str) -> tuple[int, bytes]:
+    """The status and body `provider` sends a prompt over its context window, as the
+    refusal catalogue has it (observe/refusal_catalogue.py names each one's source)."""
+    entry = examples(provider)[0]
+    return entry.status, entry.example_bytes(spaced=True)
+
+
 def openai_context_error(window: int, requested: int) -> bytes:
-    """The 400 OpenAI answers a prompt its model cannot hold (code
-    `context_length_exceeded`, param `messages`)."""
-    return openai_error(400, f"This model's maximum context length is {window} tokens. "
-                             f"However, your messages resulted in {requested} tokens. "
-                             "Please reduce the length of the messages.",
-                        code="context_length_exceeded", param="messages")
+    """The 400 OpenAI answers a prompt its model cannot hold (the catalogue's entry)."""
+    return catalogue_refusal("openai")[1]
 
 
 def vllm_context_error(window: int, requested: int) -> bytes:
-    """vLLM's OpenAI-compatible server (docs.vllm.ai, serving/openai_compatible_server):
-    an `ErrorResponse` object, not OpenAI's `{"error": …}` envelope."""
-    return json.dumps({"object": "error", "message": (
-        f"This model's maximum context length is {window} tokens. However, you requested "
-        f"{requested} tokens in the messages. Please reduce the length of the messages."),
-        "type": "BadRequestError", "param": None, "code": 400}).encode()
+    """vLLM's OpenAI-compatible server: an `ErrorResponse` object, not OpenAI's
+    `{"error": …}` envelope (the catalogue's entry)."""
+    return catalogue_refusal("vllm")[1]
 
 
 def openai_stream_error(message: str, kind: str = "server_error") -> bytes:
@@ -295,8 +297,9 @@ def anthropic_error(status: int, message: str) -> bytes:
 
 
 def anthropic_context_error(window: int, requested: int) -> bytes:
-    """The 400 Anthropic answers a prompt over the model's context window."""
-    return anthropic_error(400, f"prompt is too long: {requested} tokens > {window} maximum")
+    """The 400 Anthropic answers a prompt over the model's context window (the
+    catalogue's entry)."""
+    return catalogue_refusal("anthropic")[1]
 
 
 def anthropic_stream_error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:

@@ -73,6 +73,9 @@ class Behaviour:
     # dialect's context-length error (`vllm_errors`: in vLLM's shape).
     context_window_tokens: int | None = None
     vllm_errors: bool = False
+    # ...or in the shape of this provider family of the refusal catalogue (its status and
+    # body as observe/refusal_catalogue.py has them: "llama.cpp", "gemini", "tgi", …).
+    refuses_as: str | None = None
     # Prompt-cache tokens reported in the usage: (read, written).
     cache_tokens: tuple[int, int] = (0, 0)
     # False: report no usage at all (OpenAI dialect), in JSON or streams, whatever
@@ -239,7 +242,7 @@ class ProviderServer:
             return True
         refusal = _context_error(behaviour, anthropic, payload, len(request.body))
         if refusal is not None:
-            await wire.respond(400, refusal, chunked=chunked, headers=headers)
+            await wire.respond(refusal[0], refusal[1], chunked=chunked, headers=headers)
             return True
         text = behaviour.text
         if behaviour.reply_words is not None:
@@ -297,7 +300,7 @@ def _credential(request: RecordedRequest, anthropic: bool) -> str | None:
 
 
 def _context_error(behaviour: Behaviour, anthropic: bool, payload: dict[str, Any],
-                   body_size: int) -> bytes | None:
+                   body_size: int) -> tuple[int, bytes] | None:
     """The dialect's context-length refusal when the prompt and its output cap do not fit."""
     window = behaviour.context_window_tokens
     if window is None:
@@ -306,11 +309,13 @@ def _context_error(behaviour: Behaviour, anthropic: bool, payload: dict[str, Any
     requested = provider_wire.prompt_tokens(body_size) + (cap if isinstance(cap, int) else 0)
     if requested <= window:
         return None
+    if behaviour.refuses_as is not None:
+        return provider_wire.catalogue_refusal(behaviour.refuses_as)
     if anthropic:
-        return provider_wire.anthropic_context_error(window, requested)
+        return 400, provider_wire.anthropic_context_error(window, requested)
     if behaviour.vllm_errors:
-        return provider_wire.vllm_context_error(window, requested)
-    return provider_wire.openai_context_error(window, requested)
+        return 400, provider_wire.vllm_context_error(window, requested)
+    return 400, provider_wire.openai_context_error(window, requested)
 
 
 def _stream_events(behaviour: Behaviour, events: Iterator[bytes]) -> Iterator[bytes]:

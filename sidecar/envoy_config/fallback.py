@@ -32,6 +32,9 @@ from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutatio
 from envoy_data_plane.envoy.config.core.v3 import (
     GrpcService,
     GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
 )
 from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
 from envoy_data_plane.envoy.config.route.v3 import (
@@ -69,6 +72,7 @@ from sidecar.envoy_config.matchers import (
     skipped_when,
 )
 from sidecar.envoy_contract import (
+    ATTEMPT_MARK_HEADER,
     CACHE_HEADER,
     CLUSTER_ATTRIBUTE,
     CONTEXT_RETRY_HEADER,
@@ -219,8 +223,12 @@ def strip_filter(credential_headers: tuple[str, ...],
         request_mutations=[
             HeaderMutationRule(remove=name)
             for name in (*ENVOY_ATTEMPT_HEADERS, *credential_headers, *cleared_headers)],
-        # Only the gateway says whether an answer came from its cache.
-        response_mutations=[HeaderMutationRule(remove=CACHE_HEADER)]))
+        # Only the gateway says whether an answer came from its cache. The attempt's
+        # number goes onto the reply for the hold's Lua (attempt_order_lua.py).
+        response_mutations=[HeaderMutationRule(remove=CACHE_HEADER), HeaderMutationRule(
+            append=HeaderValueOption(header=HeaderValue(
+                key=ATTEMPT_MARK_HEADER, value="%UPSTREAM_REQUEST_ATTEMPT_COUNT%"),
+                append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD))]))
     return HttpFilter(name="envoy.filters.http.header_mutation", typed_config=Any.pack(strip))
 
 

@@ -72,6 +72,7 @@ from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     CONTEXT_RETRY_HEADER,
     EXT_PROC_CLUSTER,
+    UNRECOGNISED_HEADER,
     USAGE_KEY,
     USAGE_NAMESPACE,
 )
@@ -174,7 +175,8 @@ def access_log(flush_interval_ms: int, log_name: str = ACCESS_LOG_NAME) -> Acces
     `ATTEMPT_LOG_NAME`, the router's per-attempt log, which also carries a provider's
     rate-limit headers (how long it asked not to be called: observe/rate_limits.py)."""
     logged = [*LOGGED_RESPONSE_HEADERS,
-              *((*RATE_LIMIT_HEADERS, CONTEXT_RETRY_HEADER) if log_name == ATTEMPT_LOG_NAME
+              *((*RATE_LIMIT_HEADERS, CONTEXT_RETRY_HEADER, UNRECOGNISED_HEADER)
+                if log_name == ATTEMPT_LOG_NAME
                 else ())]
     config = HttpGrpcAccessLogConfig(common_config=CommonGrpcAccessLogConfig(
         log_name=log_name,

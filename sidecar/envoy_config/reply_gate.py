@@ -58,7 +58,7 @@ from envoy_data_plane.xds.type.matcher.v3 import (
 )
 
 from sidecar.envoy_config.matchers import Predicate, negated, response_header, skipped_when
-from sidecar.envoy_contract import EXT_PROC_CLUSTER, USAGE_NAMESPACE
+from sidecar.envoy_contract import EXT_PROC_CLUSTER, ROUTE_NAMESPACE, USAGE_NAMESPACE
 
 # ext_proc's message timeout may not exceed an hour.
 MAX_MESSAGE_TIMEOUT_S = 3600.0
@@ -74,7 +74,12 @@ def _either(*predicates: Predicate) -> Predicate:
 
 
 def _gate(body_mode: ProcessingModeBodySendMode, timeout_s: float,
-          credential_headers: tuple[str, ...], early_body: bool) -> Any:
+          credential_headers: tuple[str, ...], early_body: bool,
+          reads_order: bool = False) -> Any:
+    """`reads_order`: the gate is sent the request's attempt order (`sidecar.route`) and
+    may rewrite it, so that a refusal goes to the next other target
+    (gateway/reply_gate.py, `order_after_refusal`)."""
+    namespaces = [USAGE_NAMESPACE, ROUTE_NAMESPACE] if reads_order else [USAGE_NAMESPACE]
     processor = ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
         processing_mode=ProcessingMode(
@@ -88,7 +93,9 @@ def _gate(body_mode: ProcessingModeBodySendMode, timeout_s: float,
         failure_mode_allow=True,
         send_body_without_waiting_for_header_response=early_body,
         metadata_options=MetadataOptions(
-            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[USAGE_NAMESPACE])),
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(
+                untyped=[ROUTE_NAMESPACE] if reads_order else []),
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=namespaces)),
         # Only response headers are sent, but never a credential if Envoy ever sent more.
         forward_rules=HeaderForwardingRules(disallowed_headers=ListStringMatcher(
             patterns=[EnvoyStringMatcher(exact=name) for name in credential_headers])),
@@ -103,7 +110,8 @@ def undeclared_length_gate(message_timeout_ms: int,
                        response_header("content-type", _EVENT_STREAM))
     return skipped_when(declared, "sidecar.gate_undeclared_length", "envoy.filters.http.ext_proc",
                         _gate(ProcessingModeBodySendMode.BUFFERED_PARTIAL,
-                              message_timeout_ms / 1000, credential_headers, early_body=False))
+                              message_timeout_ms / 1000, credential_headers, early_body=False,
+                              reads_order=True))
 
 
 def first_event_gate(first_event_wait_s: float,
@@ -114,4 +122,4 @@ def first_event_gate(first_event_wait_s: float,
     not_a_stream = negated(response_header("content-type", _EVENT_STREAM))
     return skipped_when(not_a_stream, "sidecar.gate_first_event", "envoy.filters.http.ext_proc",
                         _gate(ProcessingModeBodySendMode.STREAMED, first_event_wait_s + 1.0,
-                              credential_headers, early_body=True))
+                              credential_headers, early_body=True, reads_order=True))

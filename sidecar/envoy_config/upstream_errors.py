@@ -73,9 +73,10 @@ from envoy_data_plane.xds.type.matcher.v3 import (
     StringMatcher,
 )
 
+from sidecar.envoy_config.attempt_order_lua import attempt_order_chunk
 from sidecar.envoy_config.matchers import Predicate, negated, response_header, skipped_when
-from sidecar.envoy_contract import CONTEXT_RETRY_HEADER
-from sidecar.observe.refusals import CONTEXT_LENGTH_PHRASES, SCANNED_BYTES
+from sidecar.envoy_config.refusal_lua import refusal_chunk
+from sidecar.envoy_contract import CONTEXT_RETRY_HEADER, UNRECOGNISED_HEADER
 
 # Replies held in Envoy until complete: at most this many bytes, and never more than the
 # per-request buffer limit (`limits.max_request_body_bytes`, which Envoy also applies to a
@@ -203,10 +204,16 @@ def length_within(limit: int) -> Predicate:
 # - a 429 that names its wait only in OpenAI's reset headers (`x-ratelimit-reset-requests`,
 #   durations such as `6m0s`) gets a `retry-after` of the earliest, so the caller of a final
 #   429 and the router's back-off learn it too;
-# - a 400 that refuses the prompt as too long for the model's context window (OpenAI's
-#   `context_length_exceeded`, Anthropic's "prompt is too long", vLLM's "maximum context
-#   length") is marked retriable (CONTEXT_RETRY_HEADER), so the router tries the next
-#   target, which may have a larger window; a last one reaches the caller as sent.
+# - a 4xx that refuses the prompt as too long for the model's context window (an entry
+#   of the refusal catalogue, observe/refusal_catalogue.py, scanned by refusal_lua.py) is
+#   marked retriable (CONTEXT_RETRY_HEADER), so the router tries the next target, which
+#   may have a larger window; a last one reaches the caller as sent;
+# - in a group with `retry_same_target`, a 5xx or a 429 puts the same target next in the
+#   request's attempt order, and a context refusal takes the refusing target out of the
+#   rest of it (attempt_order_lua.py; gateway/attempt_orders.py has the rules);
+# - a refusal status no entry knows gets UNRECOGNISED_HEADER (its error's type and code,
+#   tokens only), which the per-attempt access log carries to the sidecar's counter
+#   (observe/access_log.py); the response allowlist drops both before the caller.
 _HOLD_SCRIPT = """\
 local UNITS = {h = 3600, m = 60, s = 1, ms = 0.001, us = 0.000001}
 
@@ -221,8 +228,8 @@ local function seconds(text)
   return tonumber(text)
 end
 
-local CONTEXT = {%(phrases)s}
-
+%(refusals)s
+%(order)s
 function envoy_on_response(handle)
   local kind = string.lower(handle:headers():get("content-type") or "")
   if string.find(kind, "text/event-stream", 1, true) ~= nil then return end
@@ -230,6 +237,9 @@ function envoy_on_response(handle)
   -- A handle taken before body() is out of scope after it: take the headers again.
   local headers = handle:headers()
   local status = headers:get(":status")
+  if status == "429" or string.sub(status or "", 1, 1) == "5" then
+    same_target_next(handle, headers)
+  end
   if status == "429" and headers:get("retry-after") == nil then
     local wait = nil
     for _, name in ipairs({"x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"}) do
@@ -238,19 +248,21 @@ function envoy_on_response(handle)
       if s ~= nil and s >= 0 and (wait == nil or s < wait) then wait = s end
     end
     if wait ~= nil then headers:add("retry-after", tostring(math.ceil(wait))) end
-  elseif status == "400" and body ~= nil then
-    local text = string.lower(body:getBytes(0, math.min(body:length(), %(scanned)d)))
-    for _, phrase in ipairs(CONTEXT) do
-      if string.find(text, phrase, 1, true) ~= nil then
+  elseif body ~= nil and string.sub(status or "", 1, 1) == "4" then
+    local text = string.lower(body:getBytes(0, math.min(body:length(), REFUSAL_SCANNED + 1)))
+    local verdict = refusal_verdict(status, text)
+    if verdict == "context_window" then
+      if other_target_next(handle, headers) then
         headers:add("%(header)s", "context_window")
-        return
       end
+    elseif verdict == nil and REFUSAL_STATUSES[status] then
+      headers:add("%(unrecognised)s", unrecognised_mark(text))
     end
   end
 end
 """.replace("%(header)s", CONTEXT_RETRY_HEADER).replace(
-    "%(phrases)s", ", ".join(f'"{phrase}"' for phrase in CONTEXT_LENGTH_PHRASES)).replace(
-    "%(scanned)d", str(SCANNED_BYTES))
+    "%(unrecognised)s", UNRECOGNISED_HEADER).replace("%(refusals)s", refusal_chunk()).replace(
+    "%(order)s", attempt_order_chunk())
 
 
 def hold_bounded_replies(limit: int) -> HttpFilter:

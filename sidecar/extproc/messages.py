@@ -16,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from envoy.config.core.v3.base_pb2 import HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderValueOption, Metadata
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from sidecar.envoy_contract import (
     CLUSTER_ATTRIBUTE,
     ROUTE_NAMESPACE,
+    SAME_TARGET_KEY,
     SIDECAR_REPLY_DETAILS,
     USAGE_NAMESPACE,
 )
+from sidecar.gateway.attempt_orders import AttemptOrder
 from sidecar.gateway.bridging import Rewrite
 from sidecar.gateway.outcome import BodyParts, Forward, Reply, Retarget, body_size
 
@@ -89,22 +91,53 @@ _ORDERS: dict[tuple[str, ...], bytes] = {}
 _ORDERS_MAX = 4096
 
 
-def attempt_order(clusters: tuple[str, ...]) -> bytes:
+def attempt_order(clusters: tuple[str, ...], same_target_retries: int = 0) -> bytes:
     """Dynamic metadata for Envoy's priority-group cluster specifier (one group per attempt,
     one cluster per group), as the encoding of a ProcessingResponse holding only it: sent
     after the rest of the answer, it parses as that answer's metadata (protobuf merges
     concatenated messages). Orders repeat a lot, so encodings are kept (bounded) and no
     request copies a Struct."""
-    order = _ORDERS.get(clusters)
+    key = (clusters, same_target_retries)
+    order = _ORDERS.get(key)
     if order is None:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
         holder = ext.ProcessingResponse()
-        holder.dynamic_metadata.update({ROUTE_NAMESPACE: {"priority_groups": [
-            {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
-            for n, cluster in enumerate(clusters, 1)]}})
-        order = _ORDERS[clusters] = holder.SerializeToString()
+        holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
+            clusters, same_target_retries)})
+        order = _ORDERS[key] = holder.SerializeToString()
     return order
+
+
+def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0) -> dict:
+    """The `sidecar.route` metadata: the priority groups the cluster specifier reads and,
+    for a group with `retry_same_target`, how often a held 5xx or 429 may repeat a target
+    (the hold's Lua and the reply gate read it)."""
+    groups: dict = {"priority_groups": [
+        {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
+        for n, cluster in enumerate(clusters, 1)]}
+    if same_target_retries:
+        groups[SAME_TARGET_KEY] = same_target_retries
+    return groups
+
+
+def order_of(metadata: Metadata) -> AttemptOrder:
+    """The attempt order (its clusters, and how often a target may repeat) from the
+    `sidecar.route` metadata Envoy forwarded; empty when it is not there or not readable."""
+    route = metadata.filter_metadata.get(ROUTE_NAMESPACE)
+    if route is None or "priority_groups" not in route.fields:
+        return AttemptOrder()
+    clusters = []
+    for group in route.fields["priority_groups"].list_value.values:
+        entries = group.struct_value.fields.get("clusters")
+        if entries is None or not entries.list_value.values:
+            return AttemptOrder()
+        name = entries.list_value.values[0].struct_value.fields.get("cluster_name")
+        if name is None or not name.string_value:
+            return AttemptOrder()
+        clusters.append(name.string_value)
+    repeats = route.fields.get(SAME_TARGET_KEY)
+    return AttemptOrder(tuple(clusters), int(repeats.number_value) if repeats else 0)
 
 
 def _field_number(message: type, name: str) -> int:
@@ -170,7 +203,8 @@ _PIECES_FROM_BYTES = 64 * 1024
 
 
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
-                   body: BodyParts, attempts: tuple[str, ...] | None = None
+                   body: BodyParts, attempts: tuple[str, ...] | None = None,
+                   same_target_retries: int = 0
                    ) -> ext.ProcessingResponse | BodyAnswer:
     """Answer to a buffered request body: header changes and the new body; with `attempts`,
     also the attempt order, and the route resolved again so the cluster specifier reads it.
@@ -184,7 +218,7 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     metadata = b""
     if attempts is not None:
         common.clear_route_cache = True
-        metadata = attempt_order(attempts)
+        metadata = attempt_order(attempts, same_target_retries)
     if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
         return BodyAnswer(response, (), metadata) if metadata else response
@@ -195,7 +229,7 @@ def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
-                          outcome.attempts)
+                          outcome.attempts, outcome.same_target_retries)
 
 
 def continue_response_headers() -> ext.ProcessingResponse:
@@ -203,7 +237,8 @@ def continue_response_headers() -> ext.ProcessingResponse:
 
 
 def release_body(facts: Mapping[str, float | str],
-                 set_headers: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
+                 set_headers: Iterable[tuple[str, str]] = (),
+                 attempt_order: AttemptOrder | None = None) -> ext.ProcessingResponse:
     """A held reply goes on, its body unchanged; what the sidecar read of it goes to the
     usage metadata, where the access log finds it as it finds json_to_metadata's; its
     headers (still held) get `set_headers`."""
@@ -212,15 +247,23 @@ def release_body(facts: Mapping[str, float | str],
         _add_sets(response.response_body.response.header_mutation.set_headers, set_headers)
     if facts:
         response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
+    if attempt_order is not None:
+        # A refusal, a 5xx or a 429: the order of the router's next attempts.
+        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
+            attempt_order.clusters, attempt_order.same_target_retries)})
     return response
 
 
-def retry_held_reply(status: int) -> ext.ProcessingResponse:
-    """The held reply's headers, with a status the router retries on the next target (the
-    reply itself is an in-band failure behind a 200)."""
+def retry_held_reply(status: int, attempt_order: AttemptOrder | None = None
+                     ) -> ext.ProcessingResponse:
+    """The held reply's headers, with a status the router retries (the reply itself is an
+    in-band failure behind a 200), and the order of its next attempts when it changed."""
     response = ext.ProcessingResponse()
     _add_sets(response.response_headers.response.header_mutation.set_headers,
               ((":status", str(status)),))
+    if attempt_order is not None:
+        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
+            attempt_order.clusters, attempt_order.same_target_retries)})
     return response
 
 

@@ -24,6 +24,7 @@ import logging
 import time
 from time import perf_counter
 
+from envoy.config.core.v3.base_pb2 import Metadata
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf.message import DecodeError
 
@@ -188,7 +189,7 @@ class ProcessStream:
         if self._bridge is not None:
             return self._bridged(kind, request)
         if kind == "response_headers" and self._pending is None and self._route is None:
-            return self._gate_opened(request.response_headers)
+            return self._gate_opened(request.response_headers, request.metadata_context)
         if kind == "response_body" and self._gate is not None:
             return self._gated(request.response_body)
         if kind == "request_body" and self._route is not None:
@@ -211,28 +212,30 @@ class ProcessStream:
         return None, True
 
 
-    def _gate_opened(self, message: ext.HttpHeaders) -> Step:
+    def _gate_opened(self, message: ext.HttpHeaders, metadata: Metadata) -> Step:
         """A reply held at the gate: read a body of undeclared length whole; hold a
         stream's headers unanswered until its first event."""
         if message.end_of_stream:
             return messages.continue_response_headers(), True
         headers = messages.header_map(message)
+        order = messages.order_of(metadata)
         if is_event_stream(headers):
-            self._gate = FirstEventGate()
+            self._gate = FirstEventGate(headers, order)
             return None, False
-        self._gate = UndeclaredLengthGate(headers)
+        self._gate = UndeclaredLengthGate(headers, order)
         return messages.continue_response_headers(), False
 
     def _gated(self, body: ext.HttpBody) -> Step:
         gate = self._gate
         if isinstance(gate, UndeclaredLengthGate):
             release = gate.body(body.body, body.end_of_stream, time.time())
-            return messages.release_body(release.facts, release.set_headers), True
+            return messages.release_body(release.facts, release.set_headers,
+                                         release.attempt_order), True
         verdict = gate.body(body.body, body.end_of_stream)  # type: ignore[union-attr]
         if verdict is None:
             return None, False
         if isinstance(verdict, Retry):
-            return messages.retry_held_reply(verdict.status), True
+            return messages.retry_held_reply(verdict.status, verdict.attempt_order), True
         # Ending the stream is "processing complete" for Envoy: the held headers and chunks
         # go on, and the rest of the stream flows without the sidecar.
         return None, True

@@ -312,7 +312,8 @@ class Gateway:
         if ask_usage:
             set_headers.append((USAGE_UNASKED_HEADER, "1"))
         # The caller's other headers went at the header phase (by allowlist).
-        return Forward(attempts, tuple(set_headers), (), new_body, decision)
+        repeats = 0 if hedge is not None or stateful else group.fallback.retry_same_target
+        return Forward(attempts, tuple(set_headers), (), new_body, decision, repeats)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""

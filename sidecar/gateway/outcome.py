@@ -43,6 +43,9 @@ class Forward:
     remove_headers: tuple[str, ...]
     body_parts: BodyParts
     decision: Decision
+    # The group's `retry_same_target`: how many times in a row a held 5xx or 429 may put
+    # the same target next (it travels with the order, envoy_config/attempt_order_lua.py).
+    same_target_retries: int = 0
 
     @property
     def body(self) -> bytes:

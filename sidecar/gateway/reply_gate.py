@@ -22,12 +22,23 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sidecar.envoy_contract import CONTEXT_RETRY_HEADER
+from sidecar.envoy_contract import (
+    ATTEMPT_MARK_HEADER,
+    CONTEXT_RETRY_HEADER,
+    UNRECOGNISED_HEADER,
+)
+from sidecar.gateway.attempt_orders import (
+    AttemptOrder,
+    order_after_failure,
+    order_after_refusal,
+)
 from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
-from sidecar.observe.refusals import is_context_refusal
+from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
 from sidecar.observe.reply_reading import Facts, json_reply_facts
 
 MAX_HELD_EVENT_BYTES = 64 * 1024
+# Envoy sent no attempt order (the gate was not given one): nothing is rewritten.
+NO_ORDER = AttemptOrder()
 
 # An in-band error's type → the status its HTTP form has (docs.anthropic.com/en/api/errors,
 # platform.openai.com/docs/guides/error-codes), so that the router retries it as it would
@@ -48,6 +59,8 @@ class Release:
 
     facts: Facts = field(default_factory=dict)
     set_headers: tuple[tuple[str, str], ...] = ()
+    # The attempt order rewritten for the next attempts (attempt_orders.py).
+    attempt_order: AttemptOrder | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,8 @@ class Retry:
 
     status: int
     error_type: str
+    # The attempt order with the same target next (attempt_orders.py), where it changed.
+    attempt_order: AttemptOrder | None = None
 
 
 Verdict = Release | Retry | None  # None: hold, and wait for more
@@ -68,13 +83,17 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
 class UndeclaredLengthGate:
     """A JSON (or any non-stream) reply without a declared length. Like the Lua hold of
     replies of declared length (envoy_config/upstream_errors.py), it marks a context-length
-    400 retriable and gives a 429 that names its wait only in reset headers a
+    refusal of the catalogue retriable, names a refusal no entry knows (the access log
+    counts it), and gives a 429 that names its wait only in reset headers a
     `retry-after`."""
 
-    __slots__ = ("_headers", "_status")
+    __slots__ = ("_headers", "_order", "_status")
 
-    def __init__(self, headers: Mapping[str, str]) -> None:
+    def __init__(self, headers: Mapping[str, str],
+                 order: AttemptOrder = NO_ORDER) -> None:
+        """`order`: the request's attempt order, when Envoy sent it."""
         self._headers = headers
+        self._order = order
         status = headers.get(":status", "")
         self._status = int(status) if status.isdigit() else 0
 
@@ -83,26 +102,64 @@ class UndeclaredLengthGate:
         after which the rest passes unread (no facts: the usage comes last). `now`: wall
         clock, for reset headers that name a moment."""
         facts = json_reply_facts(body) if end_of_stream else {}
-        if is_context_refusal(self._status, body):
-            return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+        if end_of_stream and is_context_refusal(self._status, body):
+            return self._refused(facts)
+        mark = unrecognised_mark(self._status, body) if end_of_stream else None
+        if mark is not None:
+            return Release(facts, ((UNRECOGNISED_HEADER, mark),))
+        again = _same_target_next(self._order, self._headers, self._status)
         if self._status == 429 and RETRY_AFTER not in self._headers:
             wait = requested_wait_s(self._headers, now)
             if wait is not None:
-                return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),))
-        return Release(facts)
+                return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),), again)
+        return Release(facts, attempt_order=again)
+
+
+    def _refused(self, facts: Facts) -> Release:
+        """A context refusal: retried on the next other target, never on this one."""
+        if not self._order.clusters:
+            return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),))
+        order = order_after_refusal(self._order.clusters, _attempt(self._headers))
+        if order is None:
+            return Release(facts)
+        return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),),
+                       AttemptOrder(order, self._order.same_target_retries))
+
+
+def _attempt(headers: Mapping[str, str]) -> int:
+    value = headers.get(ATTEMPT_MARK_HEADER, "")
+    return int(value) if value.isdigit() else 0
+
+
+def _same_target_next(order: AttemptOrder, headers: Mapping[str, str],
+                      status: int) -> AttemptOrder | None:
+    """For a held 5xx or 429 in a group with `retry_same_target`: the order with the same
+    target next (attempt_orders.py); None when nothing changes."""
+    if not order.same_target_retries or not (status == 429 or 500 <= status < 600):
+        return None
+    after = order_after_failure(order.clusters, _attempt(headers), order.same_target_retries)
+    return AttemptOrder(after, order.same_target_retries) if after != order.clusters else None
 
 
 class FirstEventGate:
     """An event stream, held until its first event that carries something."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("_headers", "_held", "_order")
 
-    def __init__(self) -> None:
+    def __init__(self, headers: Mapping[str, str] | None = None,
+                 order: AttemptOrder = NO_ORDER) -> None:
         self._held = bytearray()
+        self._headers = headers or {}
+        self._order = order
 
     def body(self, chunk: bytes, end_of_stream: bool) -> Verdict:
         self._held += chunk
         verdict = first_event_verdict(bytes(self._held))
+        if isinstance(verdict, Retry):
+            # An in-band 5xx or 429 may not repeat: the same target first, if the group
+            # says so.
+            again = _same_target_next(self._order, self._headers, verdict.status)
+            return Retry(verdict.status, verdict.error_type, again)
         if verdict is not None:
             return verdict
         if end_of_stream or len(self._held) >= MAX_HELD_EVENT_BYTES:

@@ -26,6 +26,7 @@ from sidecar.envoy_contract import (
     ATTEMPT_LOG_NAME,
     CONTEXT_RETRY_HEADER,
     HEDGE_CLUSTER_PREFIX,
+    UNRECOGNISED_HEADER,
     USAGE_KEY,
     USAGE_NAMESPACE,
 )
@@ -34,6 +35,7 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Attempt, AttemptTracker, Transition
 from sidecar.observe.rate_limits import requested_wait_s
 from sidecar.observe.records import Observation, Outcome
+from sidecar.observe.refusals import token
 from sidecar.observe.response_checks import (
     CONTENT_ENCODING,
     CONTENT_TYPE,
@@ -48,6 +50,17 @@ log = logging.getLogger("sidecar.observe")
 # At most 10 such lines a minute, whatever the entries (grpcwire/ratelimit.py).
 _limited = LogLimiter(log, burst=10, interval=60.0)
 fallback_log = logging.getLogger("sidecar.fallback")
+
+
+def token_pairs(mark: str) -> str:
+    """The marker's `type=…;code=…` as a log shows it, re-cut to tokens (the header came
+    through Envoy, but it is still a provider's bytes)."""
+    pairs = []
+    for part in mark.split(";")[:2]:
+        name, _, value = part.partition("=")
+        if name in ("type", "code"):
+            pairs.append(f"{name}={token(value)}")
+    return " ".join(pairs)
 
 
 def _ms(duration) -> float | None:  # google.protobuf.Duration, unset when not reached
@@ -315,6 +328,9 @@ class AccessLogReceiver:
         # Entries received per log (`/metrics`): the per-attempt log carries only failed
         # and later attempts (envoy_config/observation_filters.py, failed_attempts_only).
         self.entries = {"request": 0, "attempt": 0}
+        # Refusals no entry of the refusal catalogue knows, by provider (`/metrics`): the
+        # labels are the configured providers, whatever the replies say.
+        self.unrecognised_refusals: dict[str, int] = {}
 
     def stream(self) -> AccessLogStream:
         return AccessLogStream(self)
@@ -393,6 +409,9 @@ class AccessLogReceiver:
         attempt = attempt_of(entry, self._targets, self._groups)
         if attempt is None:
             return
+        mark = entry.response.response_headers.get(UNRECOGNISED_HEADER)
+        if mark is not None:
+            self._unrecognised(attempt.target, entry.response.response_code.value, mark)
         if attempt.outcome is Outcome.HEDGED_OUT:
             if attempt.duration_ms is not None:
                 self._store.record(Observation(attempt.target, Outcome.HEDGED_OUT,
@@ -409,6 +428,18 @@ class AccessLogReceiver:
                 self._store.rate_limited(attempt.target, wait)
         for transition in self._attempts.add(attempt):
             self._transition(transition)
+
+    def _unrecognised(self, target: str, status: int, mark: str) -> None:
+        """A provider's refusal (a held 400, 413 or 422) that the catalogue does not know
+        (envoy_config/upstream_errors.py, gateway/reply_gate.py marked it): counted by
+        provider, and named in a rate-limited line — its status and its error's type and
+        code (tokens the marker cut to at most 48 of [A-Za-z0-9_.-]), never the message or
+        the body, which may echo the prompt."""
+        provider = target.split("/", 1)[0]
+        self.unrecognised_refusals[provider] = self.unrecognised_refusals.get(provider, 0) + 1
+        _limited.warning("unrecognised_refusal", "unrecognised refusal: provider=%s "
+                         "status=%d %s (passed through; see docs/operations.md)",
+                         provider, status, token_pairs(mark))
 
     def _transition(self, transition: Transition) -> None:
         self._store.record(transition.observation())

@@ -167,6 +167,11 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     if receiver is not None:
         metrics.add_counter("access_log_entries", "Envoy access-log entries received, by log",
                             ("log",), lambda: {(name,): n for name, n in receiver.entries.items()})
+        metrics.add_counter("unrecognised_refusals",
+                            "provider refusals (400, 413, 422) no entry of the refusal "
+                            "catalogue knows, passed through as sent, by provider",
+                            ("provider",), lambda: {(name,): n for name, n in
+                                                    receiver.unrecognised_refusals.items()})
         metrics.add_gauges(lambda: {"access_log_attempts_waiting":
                                     float(receiver.attempts_waiting)})
     shadows = ShadowLoop(lambda: gateway.shadows,

@@ -18,6 +18,17 @@ class Observing:
     def admin(self, path: str) -> dict:
         return httpx.get(f"http://127.0.0.1:{self.up.admin_http_port}{path}", timeout=5).json()
 
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of `/metrics` (Prometheus text), 0 when it is not there yet."""
+        text = httpx.get(f"http://127.0.0.1:{self.up.admin_http_port}/metrics",
+                         timeout=5).text
+        wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+        for line in text.splitlines():
+            sample, _, value = line.rpartition(" ")
+            if sample in (name, f"{name}{{{wanted}}}", f"{name}_total{{{wanted}}}"):
+                return float(value)
+        return 0.0
+
     def figures(self, target: str) -> dict:
         return self.admin("/observations")["targets"].get(target, {"count": 0, "outcomes": {}})
 

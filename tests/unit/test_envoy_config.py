@@ -388,9 +388,13 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
         assert removed == ["x-envoy-attempt-count", "x-envoy-expected-rq-timeout-ms",
                            "x-envoy-original-host", "authorization", "proxy-authorization",
                            "x-api-key", "x-forwarded-proto", "x-sidecar-route-class"]
-        # Only the gateway says an answer came from its cache (docs/cache.md).
+        # Only the gateway says an answer came from its cache (docs/cache.md); the
+        # attempt's number goes onto the reply for the hold's Lua (a refusal's next target).
         assert strip["typed_config"]["mutations"]["response_mutations"] == [
-            {"remove": "x-sidecar-cache"}]
+            {"remove": "x-sidecar-cache"},
+            {"append": {"header": {"key": "x-sidecar-attempt",
+                                   "value": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]
         provider = cluster["name"].rsplit("__", 1)[1]
         if provider == "minimax":  # speaks both families: one injector per header and path
             assert [f["name"] for f in injectors] == ["sidecar.credential.authorization",
@@ -530,7 +534,10 @@ first:
     assert processor["processing_mode"]["response_body_mode"] == "BUFFERED_PARTIAL"
     assert processor["processing_mode"]["request_header_mode"] == "SKIP"
     assert processor["failure_mode_allow"] is True
-    assert processor["metadata_options"] == {"receiving_namespaces": {"untyped": ["sidecar.usage"]}}
+    # The gates read the attempt order and may rewrite it (gateway/attempt_orders.py).
+    assert processor["metadata_options"] == {
+        "forwarding_namespaces": {"untyped": ["sidecar.route"]},
+        "receiving_namespaces": {"untyped": ["sidecar.usage", "sidecar.route"]}}
     first = held["sidecar.gate_first_event"]["extension_config"]["typed_config"]
     assert first["processing_mode"]["response_body_mode"] == "STREAMED"
     assert first["send_body_without_waiting_for_header_response"] is True

@@ -84,6 +84,18 @@ models:
     targets:
       - {{provider: o1, model_ref: o1-model}}
       - {{provider: o2, model_ref: o2-model}}
+  # The documented failover options all on (issue 40, observation 8).
+  failover-options:
+    strategy: failover
+    fallback: {{retry_same_target: 1, wait_for_retry_after_seconds: 5,
+               commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
+    targets:
+      - {{provider: o1, model_ref: o1-opts}}
+      - {{provider: o2, model_ref: o2-opts}}
+  retry-same-lone:
+    fallback: {{retry_same_target: 1}}
+    targets:
+      - {{provider: o1, model_ref: o1-lone}}
   bridged-claude:
     strategy: failover
     bridges: true

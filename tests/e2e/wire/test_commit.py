@@ -51,6 +51,28 @@ def test_a_slow_first_token_hands_over_at_the_first_token_deadline(fresh: Stack)
     assert fresh.new_outcomes("o1/o1-model", before, 1) == {"upstream_timeout": 1}
 
 
+def test_a_silent_target_is_not_waited_for_twice_where_the_group_retries_a_target(
+        fresh: Stack) -> None:
+    """Issue 40, observation 8: with `retry_same_target: 1` (and the other documented
+    options), a target silent past the first-token deadline used to be tried again before
+    the next one, doubling the wait. A timeout goes to the next target."""
+    fresh.behave("o1", behaviour("slow_first_token"))
+    text, took = stream_text(fresh, "failover-options")
+    assert text.startswith("Hello from o2")
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (1, 1)
+    assert 1.0 <= took < 8.0  # 20 s at o1 is never waited for
+
+
+def test_an_in_band_error_is_retried_on_the_same_target_where_the_group_says_so(
+        fresh: Stack) -> None:
+    """An in-band server error may not repeat: `retry_same_target: 1` tries the same
+    target once more before the next (the first-event gate puts it next)."""
+    fresh.behave("o1", behaviour("openai_error_in_stream"))
+    text, _ = stream_text(fresh, "failover-options")
+    assert text.startswith("Hello from o2")
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (2, 1)
+
+
 def test_an_openai_stream_whose_first_chunk_is_an_error_goes_to_the_next_target(
         fresh: Stack) -> None:
     before = fresh.figures("o1/o1-model")

@@ -348,3 +348,25 @@ def test_a_cancelled_hedged_attempt_counts_and_only_a_hedges_answer_is_left_out(
     assert not _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
     hedged.response.response_code.value = 200
     assert _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
+
+
+def test_an_unrecognised_refusal_is_counted_by_provider_and_logged_without_its_body(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The hold marks a 400 no catalogue entry knows (`type=…;code=…`); the attempt log
+    brings the mark: one more for the provider, one rate-limited line naming provider,
+    status, type and code, and nothing else of the reply."""
+    from sidecar.envoy_contract import UNRECOGNISED_HEADER
+    receiver, _ = _fallback_receiver()
+    for number in range(15):
+        refused = entry(400, cluster="target__g__0__a")
+        refused.response.response_headers[UNRECOGNISED_HEADER] = (
+            "type=brand_new_error;code=x 1\n<script>")
+        with caplog.at_level("WARNING", logger="sidecar.observe"):
+            _feed(receiver, refused, per_attempt=True, request_id=f"r{number}")
+    plain = entry(400, cluster="target__g__1__b")
+    _feed(receiver, plain, per_attempt=True, request_id="known")
+    assert receiver.unrecognised_refusals == {"a": 15}
+    lines = [r.getMessage() for r in caplog.records if "unrecognised refusal" in r.getMessage()]
+    assert len(lines) == 10  # the burst; the rest are held back (grpcwire/ratelimit.py)
+    assert lines[0].startswith("unrecognised refusal: provider=a status=400 "
+                               "type=brand_new_error code=x1script ")

@@ -157,12 +157,14 @@ def test_a_request_that_cannot_fit_a_declared_context_window_is_not_sent_there()
         only_small, request(prompt_chars=400)).reason
 
 
-def test_retry_same_target_repeats_each_target_within_max_attempts() -> None:
+def test_retry_same_target_repeats_no_target_in_the_order_itself() -> None:
+    """A same-target repeat is earned by a held 5xx or 429 where Envoy sees it
+    (test_attempt_order_after_refusal.py); the order is the decision's, round again."""
     from sidecar.config.models import Fallback
     assert Fallback().attempt_order("abc") == ["a", "b", "c"]
-    assert Fallback(retry_same_target=1).attempt_order("abc") == ["a", "a", "b"]
+    assert Fallback(retry_same_target=1).attempt_order("abc") == ["a", "b", "c"]
     assert Fallback(retry_same_target=1, max_attempts=5).attempt_order("abc") == [
-        "a", "a", "b", "b", "c"]
+        "a", "b", "c", "a", "b"]
     assert Fallback(retry_same_target=2, max_attempts=1).attempt_order("ab") == ["a"]
     # Fewer targets than attempts: round them again (issue #31).
     assert Fallback().attempt_order("ab") == ["a", "b", "a"]
