@@ -163,7 +163,9 @@ def response(answer: Mapping[str, Any], model: str,
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
-    finish = ("tool_calls" if calls else "length" if answer.get("status") == "incomplete"
+    # Cut by the output limit (`max_output_tokens`) is Chat's "length" even with a call in
+    # it, as Chat itself answers; the call's arguments go as far as they were generated.
+    finish = ("length" if answer.get("status") == "incomplete" else "tool_calls" if calls
               else "stop")
     usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
     inputs = usage.get("input_tokens") if isinstance(usage.get("input_tokens"), int) else 0
