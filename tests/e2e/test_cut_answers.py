@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from sidecar.devstack.harness import ProviderThread, UpProcess, keyed_stack
@@ -41,6 +43,9 @@ models:
   chat-engine:
     bridges: true
     targets: [{{provider: engine, model_ref: engine-model}}]
+  claude-bridged:
+    bridges: true
+    targets: [{{provider: claude, model_ref: claude-model}}]
   claude-native:
     targets:
       - provider: claude
@@ -125,6 +130,50 @@ def test_a_bridged_tool_call_cut_by_max_tokens_is_a_max_tokens_stop(stack) -> No
                for r in sent)
     figures = _observed(up, "engine/engine-model", 2)
     assert figures["count"] >= 2 and figures["error_rate"] == 0, figures
+
+
+CHAT_WEATHER = {"type": "function", "function": {
+    "name": "weather", "parameters": WEATHER["input_schema"]}}
+RESPONSES_WEATHER = {"type": "function", "name": "weather",
+                     "parameters": WEATHER["input_schema"]}
+
+
+def test_every_other_direction_carries_a_cut_tool_call_as_its_own_max_tokens_stop(
+        stack) -> None:
+    """Chat caller ← Messages target, Responses caller ← Chat target (Chat caller ←
+    Responses target is a unit test: the fake Responses API is unary text only)."""
+    up, providers, _ = stack
+    engine, claude = providers.provider("engine"), providers.provider("claude")
+    engine.behaviour = behaviour("openai_tool_call_cut_by_max_tokens")
+    claude.behaviour = Behaviour(call_tools=True, cut_tool_calls=True)
+    sent_before = len(engine.received) + len(claude.received)
+    try:
+        client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+        chat = client.chat.completions.create(
+            model="claude-bridged", max_tokens=CAP, tools=[CHAT_WEATHER],
+            tool_choice="required", messages=[{"role": "user", "content": "weather?"}])
+        assert chat.choices[0].finish_reason == "length"
+        call = chat.choices[0].message.tool_calls[0]
+        assert call.function.name == "weather"
+        assert json.loads(call.function.arguments) == {"city": "Oslo"}
+        answer = client.responses.create(model="chat-engine", max_output_tokens=CAP,
+                                         tools=[RESPONSES_WEATHER], tool_choice="required",
+                                         input="weather?")
+        assert answer.status == "incomplete"
+        assert answer.incomplete_details.reason == "max_output_tokens"
+        item = answer.output[-1]
+        assert (item.type, item.arguments, item.status) == (
+            "function_call", '{"city": "Oslo", ', "incomplete")
+        with client.responses.stream(model="chat-engine", max_output_tokens=CAP,
+                                     tools=[RESPONSES_WEATHER], tool_choice="required",
+                                     input="weather?") as stream:
+            kinds = [event.type for event in stream]
+        assert kinds[-1] == "response.incomplete"
+    finally:
+        engine.behaviour = claude.behaviour = Behaviour()
+    assert len(engine.received) + len(claude.received) == sent_before + 3
+    for target in ("engine/engine-model", "claude/claude-model"):
+        assert _observed(up, target, 1)["error_rate"] == 0
 
 
 @pytest.mark.parametrize("cut", ["caller_closes", "engine_dies"])
