@@ -8,15 +8,19 @@ nothing (OpenAI)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from google.protobuf import struct_pb2
 
 from sidecar.billing import Rates
+from sidecar.devstack import provider_wire
 from sidecar.dialects.apis import Dialect
-from sidecar.envoy_contract import INPUT_TOKENS_KEY, USAGE_NAMESPACE
+from sidecar.envoy_contract import INPUT_TOKENS_KEY, USAGE_KEY, USAGE_NAMESPACE
 from sidecar.observe.access_log import result_of
 from sidecar.observe.response_checks import SHAPE_KEY
+from sidecar.observe.usage_fields import usage_keys
 from sidecar.routing.decision import NoEligibleTarget
 from sidecar.routing.request import RequestSummary
 from sidecar.telemetry.rows import (
@@ -77,3 +81,30 @@ def test_a_whole_anthropic_stream_stays_reported() -> None:
     row = request_row(_record(Dialect.ANTHROPIC_MESSAGES), result_of(_cut_entry(usage), TARGETS),
                       PRICES, "joined")
     assert (row.usage_source, row.input_tokens, row.output_tokens) == ("reported", 37, 12)
+
+
+def _read_as_envoy(events: list[bytes]) -> dict[str, float]:
+    """The usage keys Envoy's `sse_to_metadata` leaves after these events (each event's
+    paths, the last value winning: observation_filters.py)."""
+    found: dict[str, float] = {}
+    for event in events:
+        data = next(line for line in event.decode().splitlines() if line.startswith("data: "))
+        found.update(usage_keys(json.loads(data[6:])))
+    return found
+
+
+def test_the_reader_takes_only_the_input_from_an_anthropic_stream_cut_before_message_delta(
+        ) -> None:
+    completion = provider_wire.make_completion("msg_demo_1", "claude", {"model": "m"}, 400)
+    events = list(provider_wire.anthropic_events(completion))
+    cut = next(i for i, e in enumerate(events) if e.startswith(b"event: message_delta"))
+    before = _read_as_envoy(events[:cut])
+    # `message_start` says the input and a provisional `output_tokens: 1`: not the output.
+    assert USAGE_KEY not in before and before[INPUT_TOKENS_KEY] == completion.prompt_tokens
+    whole = _read_as_envoy(events)
+    assert whole[USAGE_KEY] == completion.completion_tokens
+    result = result_of(_cut_entry({**before, SHAPE_KEY: "message_start"},
+                                  downstream_remote_reset=True), TARGETS)
+    row = request_row(_record(Dialect.ANTHROPIC_MESSAGES), result, PRICES, "joined")
+    assert (row.usage_source, row.input_tokens, row.output_tokens) == (
+        "estimated", completion.prompt_tokens, CAP)
