@@ -121,3 +121,16 @@ def test_the_member_reader_never_raises_on_any_prefix() -> None:
         assert members.items() <= json.loads(whole).items()
     assert cut_tool_input(whole) == json.loads(whole)
     assert cut_tool_input(None) == {} and cut_tool_input("[" * 100_000) == {}
+
+
+def test_the_providers_own_limits_are_a_cut_too() -> None:
+    """Anthropic's `model_context_window_exceeded` (the context window filled) is Chat's
+    `length`; a Responses answer cut by its filter is Chat's `content_filter`."""
+    full = {"id": "m", "content": [{"type": "text", "text": "x"}],
+            "stop_reason": "model_context_window_exceeded"}
+    assert chat_to_messages.response(full, "g", lambda: 0.0)["choices"][0][
+        "finish_reason"] == "length"
+    filtered = {"id": "r", "status": "incomplete", "output": [],
+                "incomplete_details": {"reason": "content_filter"}}
+    assert chat_to_responses.response(filtered, "g", lambda: 0.0)["choices"][0][
+        "finish_reason"] == "content_filter"
