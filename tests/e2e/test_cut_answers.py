@@ -46,6 +46,11 @@ models:
   claude-bridged:
     bridges: true
     targets: [{{provider: claude, model_ref: claude-model}}]
+  chat-native:
+    targets:
+      - provider: engine
+        model_ref: engine-stream-model  # its own window: this one's resets are its own
+        pricing: {{input_per_mtok: 1, output_per_mtok: 4}}
   claude-native:
     targets:
       - provider: claude
@@ -204,5 +209,38 @@ def test_an_anthropic_stream_cut_before_its_usage_is_charged_by_estimate(stack,
     row = _row(db, "claude-native", started)
     assert row["status"] == 200 and row["serving_target"] == "claude/claude-model"
     assert row["usage_source"] == "estimated", row
-    assert row["input_tokens"] > 0 and row["output_tokens"] == 64  # the caller's cap
-    assert row["cost_usd"] == pytest.approx((row["input_tokens"] * 2 + 64 * 8) / 1e6)
+    # The input as `message_start` reported it (the fake counts a token per 4 body bytes),
+    # the output the caller's cap.
+    reported_input = len(claude.received[-1].body) // 4
+    assert (row["input_tokens"], row["output_tokens"]) == (reported_input, 64)
+    assert row["cost_usd"] == pytest.approx((reported_input * 2 + 64 * 8) / 1e6)
+
+
+@pytest.mark.parametrize("cut", ["caller_closes", "engine_dies"])
+def test_an_openai_stream_cut_before_its_usage_is_charged_by_estimate_too(stack,
+                                                                          cut: str) -> None:
+    up, providers, db = stack
+    engine = providers.provider("engine")
+    engine.behaviour = Behaviour(inter_event_delay_s=0.2,
+                                 fail_after_events=3 if cut == "engine_dies" else None)
+    started = time.time()
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    try:
+        with client.chat.completions.create(
+                model="chat-native", max_tokens=64, stream=True,
+                stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": "a long story"}]) as stream:
+            try:
+                for chunk in stream:
+                    assert chunk.usage is None
+                    if cut == "caller_closes" and chunk.choices and chunk.choices[0].delta.content:
+                        break
+            except (openai.APIError, httpx.HTTPError):
+                assert cut == "engine_dies"
+    finally:
+        engine.behaviour = Behaviour()
+    row = _row(db, "chat-native", started)
+    assert row["status"] == 200 and row["usage_source"] == "estimated", row
+    # Nothing was reported: the request's estimated input (12 characters) and its cap.
+    assert (row["input_tokens"], row["output_tokens"]) == (3, 64)
+    assert row["cost_usd"] == pytest.approx((3 * 1 + 64 * 4) / 1e6)
