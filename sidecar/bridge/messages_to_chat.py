@@ -240,10 +240,10 @@ def response(answer: Mapping[str, Any], model: str) -> dict[str, Any]:
     }
 
 
-def _whole_arguments(arguments: object) -> dict[str, Any]:
+def _whole_arguments(arguments: Any) -> dict[str, Any]:
     """A finished tool call's arguments: a JSON object, or the answer is not one."""
     try:
-        parsed = json.loads(arguments or "{}")  # type: ignore[arg-type]
+        parsed = json.loads(arguments or "{}")
     except (TypeError, ValueError, RecursionError):
         raise UnreadableAnswer("tool call arguments that are not JSON") from None
     if not isinstance(parsed, dict):
