@@ -28,7 +28,11 @@ _HANDLED = frozenset({"model", "messages", "tools", "tool_choice", "parallel_too
                       "stop", "temperature", "top_p", "max_tokens", "max_completion_tokens",
                       "reasoning_effort", "user", "stream", "n", "presence_penalty",
                       "frequency_penalty", "response_format"})
+# `model_context_window_exceeded`: the answer filled the model's context window, "treat the
+# response as truncated" (platform.claude.com/docs/en/build-with-claude/
+# handling-stop-reasons): the provider's own limit, Chat's `length` as for `max_tokens`.
 _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+                 "model_context_window_exceeded": "length",
                  "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
 
 

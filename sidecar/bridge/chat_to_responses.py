@@ -163,8 +163,15 @@ def response(answer: Mapping[str, Any], model: str,
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls
-    finish = ("tool_calls" if calls else "length" if answer.get("status") == "incomplete"
-              else "stop")
+    # Cut by the output limit (`max_output_tokens`) is Chat's "length" even with a call in
+    # it, as Chat itself answers; the call's arguments go as far as they were generated.
+    # Cut by the provider's filter (`incomplete_details.reason: content_filter`), Chat's
+    # `content_filter`.
+    finish = "tool_calls" if calls else "stop"
+    if answer.get("status") == "incomplete":
+        details = answer.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        finish = "content_filter" if reason == "content_filter" else "length"
     usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
     inputs = usage.get("input_tokens") if isinstance(usage.get("input_tokens"), int) else 0
     outputs = usage.get("output_tokens") if isinstance(usage.get("output_tokens"), int) else 0

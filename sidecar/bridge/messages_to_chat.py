@@ -15,6 +15,7 @@ from sidecar.bridge import (
     present,
     translated_tools,
 )
+from sidecar.bridge.cut_arguments import cut_tool_input
 
 MAX_STOPS = 4  # Chat's limit on stop sequences
 _HANDLED = frozenset({"model", "system", "messages", "max_tokens", "tools", "tool_choice",
@@ -216,17 +217,18 @@ def _thinking(thinking: object, out: dict[str, Any]) -> None:
 def response(answer: Mapping[str, Any], model: str) -> dict[str, Any]:
     """A Chat completion as the Messages answer a Messages caller expects."""
     choice, message, calls = chat_answer(answer)
+    # Cut by the output limit: an answer, not a failure; a tool call's arguments may be
+    # cut mid-JSON, and carry what was complete (cut_arguments.py, docs/dialects.md §4).
+    cut = choice.get("finish_reason") == "length"
     blocks: list[dict[str, Any]] = []
     if message.get("content"):
         blocks.append({"type": "text", "text": str(message["content"])})
     for call in calls:
         function = call["function"]
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError, RecursionError):
-            raise UnreadableAnswer("tool call arguments that are not JSON") from None
-        if not isinstance(arguments, dict):
-            raise UnreadableAnswer("tool call arguments that are not a JSON object")
+        if cut:
+            arguments = cut_tool_input(function.get("arguments"))
+        else:
+            arguments = _whole_arguments(function.get("arguments"))
         blocks.append({"type": "tool_use", "id": str(call.get("id", "")),
                        "name": str(function.get("name", "")), "input": arguments})
     return {
@@ -236,6 +238,17 @@ def response(answer: Mapping[str, Any], model: str) -> dict[str, Any]:
         "stop_sequence": None,
         "usage": messages_usage(answer.get("usage")),
     }
+
+
+def _whole_arguments(arguments: Any) -> dict[str, Any]:
+    """A finished tool call's arguments: a JSON object, or the answer is not one."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except (TypeError, ValueError, RecursionError):
+        raise UnreadableAnswer("tool call arguments that are not JSON") from None
+    if not isinstance(parsed, dict):
+        raise UnreadableAnswer("tool call arguments that are not a JSON object")
+    return parsed
 
 
 def messages_usage(usage: object) -> dict[str, int]:

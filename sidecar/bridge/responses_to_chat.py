@@ -166,18 +166,22 @@ def response(answer: Mapping[str, Any], model: str,
     choice, message, calls = chat_answer(answer)
     base = str(answer.get("id", "")).removeprefix("chatcmpl-").removeprefix("chatcmpl_")
     output: list[dict[str, Any]] = []
+    truncated = choice.get("finish_reason") == "length"
     if message.get("content"):
-        output.append({"type": "message", "id": f"msg_{base}", "status": "completed",
+        output.append({"type": "message", "id": f"msg_{base}",
+                       "status": "incomplete" if truncated and not calls else "completed",
                        "role": "assistant",
                        "content": [{"type": "output_text", "text": str(message["content"]),
                                     "annotations": []}]})
     for k, call in enumerate(calls):
         function = call["function"]
+        # Cut by the output limit, the last call is the one cut: its arguments go as
+        # generated (a string in both dialects), the item `incomplete`.
+        cut = truncated and k == len(calls) - 1
         output.append({"type": "function_call", "id": f"fc_{base}_{k}",
                        "call_id": str(call.get("id", "")), "name": str(function.get("name")),
-                       "arguments": str(function.get("arguments") or "{}"),
-                       "status": "completed"})
-    truncated = choice.get("finish_reason") == "length"
+                       "arguments": str(function.get("arguments") or ("" if cut else "{}")),
+                       "status": "incomplete" if cut else "completed"})
     usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0

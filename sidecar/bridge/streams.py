@@ -114,6 +114,9 @@ def responses_sse(response: Mapping[str, Any]) -> bytes:
                  "output_index": index, "arguments": item["arguments"]}]
         events.append({"type": "response.output_item.done", "output_index": index,
                        "item": item})
-    events.append({"type": "response.completed", "response": dict(response)})
+    # A response cut by its output limit ends with `response.incomplete`, as OpenAI's own
+    # streams do (platform.openai.com/docs/api-reference/responses-streaming).
+    ended = "incomplete" if response.get("status") == "incomplete" else "completed"
+    events.append({"type": f"response.{ended}", "response": dict(response)})
     return "".join(f"event: {event['type']}\ndata: {_json({**event, 'sequence_number': n})}\n\n"
                    for n, event in enumerate(events)).encode()

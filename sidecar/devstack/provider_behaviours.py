@@ -102,6 +102,13 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
                                                      refuses_as=family))
       for family in ("llama.cpp", "sglang", "tgi", "gemini", "bedrock", "mistral", "groq",
                      "together", "deepseek")),
+    # An engine (llama.cpp's llama-server, issue 40) cut by `max_tokens` while it writes a
+    # forced tool call: 200, `finish_reason: "length"`, the call's `arguments` cut mid-JSON
+    # (platform.openai.com/docs/api-reference/chat/object: "length if the maximum number
+    # of tokens specified in the request was reached").
+    NamedBehaviour("openai_tool_call_cut_by_max_tokens",
+                   "platform.openai.com/docs/api-reference/chat/object (finish_reason)",
+                   lambda: Behaviour(call_tools=True, cut_tool_calls=True)),
     NamedBehaviour("no_usage", "an OpenAI-compatible server that reports no usage, "
                    "`stream_options` or not", lambda: Behaviour(reports_usage=False)),
     NamedBehaviour("openai_cached_usage", "platform.openai.com/docs/guides/prompt-caching",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.bridge.cut_arguments import cut_tool_input
 from sidecar.observe.refusal_catalogue import examples
 
 _CREATED = 1_700_000_000
@@ -31,6 +32,8 @@ class Completion:
     # to it; both are part of `prompt_tokens`, the request's whole input.
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # A tool call cut by the cap (`cut_tool_calls`): the tokens its arguments had used.
+    call_tokens: int = 0
 
     @property
     def text(self) -> str:
@@ -38,13 +41,16 @@ class Completion:
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.words)
+        return len(self.words) + self.call_tokens
 
 
 def make_completion(request_id: str, provider: str, request: dict[str, Any], body_size: int,
                     text: str | None = None, call_tools: bool = False,
-                    cache: tuple[int, int] = (0, 0)) -> Completion:
-    """`cache`: (read, written) prompt-cache tokens, within the prompt's size."""
+                    cache: tuple[int, int] = (0, 0), cut_tool_calls: bool = False) -> Completion:
+    """`cache`: (read, written) prompt-cache tokens, within the prompt's size.
+    `cut_tool_calls`: a tool call obeys the cap as an engine does (a token per character
+    of its arguments): cut there, it stops with the dialect's max-tokens reason and its
+    arguments as far as they went (`{"city": "Oslo", "da`)."""
     model = str(request.get("model", ""))
     text = text or f"Hello from {provider} serving {model}. This is a demo completion."
     pieces = text.split(" ")
@@ -54,10 +60,15 @@ def make_completion(request_id: str, provider: str, request: dict[str, Any], bod
     if truncated:
         words = words[:cap]
     call = _tool_call(request) if call_tools else None
+    call_tokens = 0
     if call is not None:
         words, truncated = ["Calling ", "a ", "tool."], False
+        if cut_tool_calls and isinstance(cap, int) and cap < len(words) + len(call[1]):
+            call_tokens = max(0, cap - len(words))
+            call, truncated = (call[0], call[1][:call_tokens]), True
     prompt_tokens = max(1, body_size // 4, sum(cache))
-    return Completion(request_id, model, tuple(words), prompt_tokens, truncated, call, *cache)
+    return Completion(request_id, model, tuple(words), prompt_tokens, truncated, call, *cache,
+                      call_tokens=call_tokens)
 
 
 def prompt_tokens(body_size: int) -> int:
@@ -112,7 +123,9 @@ def _call_id(c: Completion) -> str:
 
 
 def _finish(c: Completion) -> str:
-    return "tool_calls" if c.tool_call else "length" if c.truncated else "stop"
+    # platform.openai.com/docs/api-reference/chat/object: `length` when the cap was hit,
+    # a tool call cut there included (its `arguments` then end where the output did).
+    return "length" if c.truncated else "tool_calls" if c.tool_call else "stop"
 
 
 def openai_json(c: Completion, usage: bool = True) -> bytes:
@@ -220,14 +233,14 @@ def openai_stream_error(message: str, kind: str = "server_error") -> bytes:
 # --- Anthropic Messages ----------------------------------------------------------------------
 
 def _stop_reason(c: Completion) -> str:
-    return "tool_use" if c.tool_call else "max_tokens" if c.truncated else "end_turn"
+    return "max_tokens" if c.truncated else "tool_use" if c.tool_call else "end_turn"
 
 
 def _anthropic_content(c: Completion) -> list[dict[str, Any]]:
     content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
     if c.tool_call:
         content.append({"type": "tool_use", "id": "toolu_" + c.id.rsplit("_", 1)[-1],
-                        "name": c.tool_call[0], "input": json.loads(c.tool_call[1])})
+                        "name": c.tool_call[0], "input": cut_tool_input(c.tool_call[1])})
     return content
 
 

@@ -100,6 +100,9 @@ class Behaviour:
     # Answer a request that offers tools with a call to its first tool (text otherwise, and
     # after a tool's result came back), as JSON or as the dialect's tool-call stream deltas.
     call_tools: bool = False
+    # With `call_tools`: a call longer than the request's cap is cut there, as an engine
+    # cuts it (provider_wire.make_completion): `finish_reason: "length"`, arguments cut.
+    cut_tool_calls: bool = False
     # A drifting provider (bench/routing_quality.py), drawn from the provider's seeded
     # random source: this share of requests fails with `error_status` (after the latency);
     # the latency is latency_s × a log-normal factor of this sigma; replies are
@@ -252,7 +255,7 @@ class ProviderServer:
         completion = provider_wire.make_completion(
             f"{'msg' if anthropic else 'chatcmpl'}_demo_{next(self._ids)}",
             provider.name, payload, len(request.body), text, behaviour.call_tools,
-            behaviour.cache_tokens,
+            behaviour.cache_tokens, behaviour.cut_tool_calls,
         )
         if endpoint == "/v1/responses":
             if payload.get("stream") is True:

@@ -80,14 +80,24 @@ def usage_charged(result: RequestResult,
     body, a stream the caller cut before its usage, a provider that ignores
     `stream_options`), the decision's estimate — its input, and its output budget as the
     output (the cap, or the group's `output_budget_tokens`) — never nothing.
-    `estimate`: (input tokens, output budget). `result` itself is never changed."""
-    if result.input_tokens is not None or result.output_tokens is not None:
+    `estimate`: (input tokens, output budget). `result` itself is never changed.
+
+    A figure reported alone is kept and the other estimated: an Anthropic stream says its
+    input in `message_start` and its output only in the final `message_delta`, so one cut
+    between the two (the caller hangs up, the engine dies) has input and no output, and
+    is charged the output budget like any served reply without its output (issue 40)."""
+    if result.input_tokens is not None and result.output_tokens is not None:
         return result, REPORTED
     served = result.serving_target is not None and (
         200 <= result.status < 300 or result.error_class == "client_cancel")
     if not served or estimate is None:
-        return result, None
-    return replace(result, input_tokens=estimate[0], output_tokens=estimate[1]), ESTIMATED
+        reported = result.input_tokens is not None or result.output_tokens is not None
+        return result, REPORTED if reported else None
+    return replace(result,
+                   input_tokens=(estimate[0] if result.input_tokens is None
+                                 else result.input_tokens),
+                   output_tokens=(estimate[1] if result.output_tokens is None
+                                  else result.output_tokens)), ESTIMATED
 
 
 @dataclass(slots=True)

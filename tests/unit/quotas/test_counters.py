@@ -165,8 +165,20 @@ def test_a_served_reply_without_usage_is_charged_the_decisions_estimate() -> Non
 def test_usage_charged_is_the_providers_when_it_said_and_an_estimate_when_served_silent():
     from sidecar.telemetry.rows import usage_charged
 
-    reported = RequestResult("r", 200, "p/m", 1, "ok", output_tokens=7)
+    reported = RequestResult("r", 200, "p/m", 1, "ok", input_tokens=40, output_tokens=7)
     assert usage_charged(reported, (300, 100)) == (reported, "reported")
+    # Issue 40: an Anthropic stream cut after `message_start` (input) and before its final
+    # `message_delta` (output): the input stays as reported, the output is estimated.
+    cut = RequestResult("r", 200, "p/m", 1, "reset", input_tokens=40)
+    charged, source = usage_charged(cut, (300, 100))
+    assert (charged.input_tokens, charged.output_tokens, source) == (40, 100, "estimated")
+    hung_up = RequestResult("r", 200, "p/m", 1, "client_cancel", input_tokens=40)
+    assert usage_charged(hung_up, (300, 100))[0].output_tokens == 100
+    output_only = RequestResult("r", 200, "p/m", 1, "ok", output_tokens=7)
+    charged, source = usage_charged(output_only, (300, 100))
+    assert (charged.input_tokens, charged.output_tokens, source) == (300, 7, "estimated")
+    refused = RequestResult("r", 400, "p/m", 1, "client_error", input_tokens=40)
+    assert usage_charged(refused, (300, 100)) == (refused, "reported")
     silent = RequestResult("r", 200, "p/m", 1, "ok")
     charged, source = usage_charged(silent, (300, 100))
     assert (charged.input_tokens, charged.output_tokens, source) == (300, 100, "estimated")
