@@ -44,7 +44,7 @@ from sidecar.observe.response_checks import (
 )
 from sidecar.observe.store import ObservationStore
 from sidecar.observe.usage_fields import usage_of
-from sidecar.telemetry.rows import RequestResult
+from sidecar.telemetry.results import RequestResult
 
 log = logging.getLogger("sidecar.observe")
 # At most 10 such lines a minute, whatever the entries (grpcwire/ratelimit.py).
@@ -214,20 +214,22 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
     usage = usage_of(_numbers(usage_keys))
     first_tx = _ms(common.time_to_first_upstream_tx_byte)
     first_rx = _ms(common.time_to_first_upstream_rx_byte)
+    content_type = entry.response.response_headers.get(CONTENT_TYPE, "")
     return RequestResult(
         request_id=entry.request.request_id,
         status=status,
         serving_target=targets.get(served_by(common)),
         attempts=common.upstream_request_attempt_count,
         error_class=outcome_of(common.response_flags, status,
-                               answered_stream(entry.response.response_headers.get(
-                                   CONTENT_TYPE, ""), usage_keys)).value,
+                               answered_stream(content_type, usage_keys)).value,
         latency_ms=_ms(common.time_to_last_downstream_tx_byte) or _ms(common.duration),
         ttfb_ms=(first_rx - (first_tx or 0.0)) if first_rx is not None else None,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         cached_tokens=usage.cache_read_tokens,
         cache_write_tokens=usage.cache_write_tokens,
+        relayed_stream_bytes=(entry.response.response_body_bytes
+                              if content_type.startswith("text/event-stream") else None),
     )
 
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from sidecar.config.models import SidecarConfig
 from sidecar.observe.attempts import Transition
 from sidecar.quotas.counters import QuotaCounters
-from sidecar.telemetry.rows import RequestResult, cost_usd, usage_charged
+from sidecar.telemetry.results import RequestResult, usage_charged
+from sidecar.telemetry.rows import cost_usd
 
 
 class QuotaLedger:

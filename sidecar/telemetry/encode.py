@@ -14,20 +14,19 @@ from __future__ import annotations
 import marshal
 from collections.abc import Mapping
 
+from sidecar.telemetry.results import RequestResult, usage_charged
 from sidecar.telemetry.row_counts import RowCounts
 from sidecar.telemetry.rows import (
     MAX_TOKENS_STAGE,
     DecisionRecord,
     JoinedRequest,
     Prices,
-    RequestResult,
     cost_usd,
     pairs_text,
     plain_int,
     plain_text,
     score_bucket,
     status_class,
-    usage_charged,
     valid_traceparent,
 )
 from sidecar.telemetry.schema import REQUEST_COLUMNS, json_text

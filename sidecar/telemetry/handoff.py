@@ -34,14 +34,8 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.observe.attempts import Transition
 from sidecar.telemetry.deferral import DeferralPolicy
 from sidecar.telemetry.intake import ITEMS_PER_MESSAGE, MAX_MESSAGE
-from sidecar.telemetry.rows import (
-    DecisionFacts,
-    RequestResult,
-    ShadowRow,
-    decision_record,
-    price_records,
-    result_record,
-)
+from sidecar.telemetry.results import RequestResult, result_record
+from sidecar.telemetry.rows import DecisionFacts, ShadowRow, decision_record, price_records
 from sidecar.telemetry.worker import Start
 
 FLUSH_AT = ITEMS_PER_MESSAGE  # a message stays well below the socket buffer

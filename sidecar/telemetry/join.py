@@ -18,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from sidecar.observe.attempts import Transition
-from sidecar.telemetry.rows import DecisionRecord, FallbackRow, JoinedRequest, RequestResult
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import DecisionRecord, FallbackRow, JoinedRequest
 
 Clock = Callable[[], float]
 Emit = Callable[[JoinedRequest | FallbackRow], object]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from sidecar.billing import Rates, Usage
@@ -19,6 +19,10 @@ from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.signals import request_shape_buckets
 from sidecar.routing.trace import bucket
+from sidecar.telemetry.results import (
+    RequestResult,
+    usage_charged,
+)
 
 # W3C trace context, version 00; anything else (or all-zero ids) is not kept.
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
@@ -49,55 +53,6 @@ class DecisionSink(Protocol):
     """Where the gateway hands its decisions (telemetry/handoff.py)."""
 
     def decided(self, facts: DecisionFacts) -> None: ...
-
-
-# Not frozen either (see DecisionFacts): one is made for every access-log entry.
-@dataclass(slots=True)
-class RequestResult:
-    """What Envoy's per-request access log says about the request."""
-
-    request_id: str
-    status: int
-    serving_target: str | None     # provider/model_ref of the attempt that answered
-    attempts: int
-    error_class: str               # the observation outcome (`ok`, `server_error`, ...)
-    latency_ms: float | None = None
-    ttfb_ms: float | None = None
-    # Billing's meaning (sidecar/billing.py): the whole input, cache reads and writes in it.
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None      # prompt-cache reads
-    cache_write_tokens: int | None = None  # prompt-cache writes (Anthropic)
-
-
-REPORTED, ESTIMATED = "reported", "estimated"
-
-
-def usage_charged(result: RequestResult,
-                  estimate: tuple[int, int] | None) -> tuple[RequestResult, str | None]:
-    """The tokens a request is charged with, and where they come from: the provider's usage
-    when it reported any; when a served reply's usage could not be read (a compressed
-    body, a stream the caller cut before its usage, a provider that ignores
-    `stream_options`), the decision's estimate — its input, and its output budget as the
-    output (the cap, or the group's `output_budget_tokens`) — never nothing.
-    `estimate`: (input tokens, output budget). `result` itself is never changed.
-
-    A figure reported alone is kept and the other estimated: an Anthropic stream says its
-    input in `message_start` and its output only in the final `message_delta`, so one cut
-    between the two (the caller hangs up, the engine dies) has input and no output, and
-    is charged the output budget like any served reply without its output (issue 40)."""
-    if result.input_tokens is not None and result.output_tokens is not None:
-        return result, REPORTED
-    served = result.serving_target is not None and (
-        200 <= result.status < 300 or result.error_class == "client_cancel")
-    if not served or estimate is None:
-        reported = result.input_tokens is not None or result.output_tokens is not None
-        return result, REPORTED if reported else None
-    return replace(result,
-                   input_tokens=(estimate[0] if result.input_tokens is None
-                                 else result.input_tokens),
-                   output_tokens=(estimate[1] if result.output_tokens is None
-                                  else result.output_tokens)), ESTIMATED
 
 
 @dataclass(slots=True)
@@ -257,13 +212,6 @@ def decision_record(facts: DecisionFacts) -> tuple:
             trace.external, selected, *(figures or (None, None, None, None)),
             trace.unproven, trace.selection, trace.odds, trace.policy_version,
             estimate_of(facts.summary))
-
-
-def result_record(result: RequestResult) -> tuple:
-    """`result` as a plain tuple in its fields' order (`RequestResult(*record)`)."""
-    return (result.request_id, result.status, result.serving_target, result.attempts,
-            result.error_class, result.latency_ms, result.ttfb_ms, result.input_tokens,
-            result.output_tokens, result.cached_tokens, result.cache_write_tokens)
 
 
 # A target's price as the worker receives it: every price resolved (billing.Rates).

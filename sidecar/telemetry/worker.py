@@ -42,13 +42,13 @@ from sidecar.telemetry.encode import RowEncoder
 from sidecar.telemetry.intake import MAX_MESSAGE, Intake
 from sidecar.telemetry.join import Joiner
 from sidecar.telemetry.replica import replica_name
+from sidecar.telemetry.results import RequestResult
 from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import (
     DecisionRecord,
     FallbackRow,
     JoinedRequest,
     Price,
-    RequestResult,
     ShadowRow,
     request_row,
 )

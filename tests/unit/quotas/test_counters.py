@@ -10,7 +10,7 @@ from sidecar.config import ConfigError
 from sidecar.quotas.admission import refusal_error
 from sidecar.quotas.counters import QuotaCounters, Refusal
 from sidecar.quotas.ledger import QuotaLedger
-from sidecar.telemetry.rows import RequestResult
+from sidecar.telemetry.results import RequestResult
 from tests.clock import ManualClock
 from tests.unit.routing.helpers import config
 
@@ -163,7 +163,7 @@ def test_a_served_reply_without_usage_is_charged_the_decisions_estimate() -> Non
 
 
 def test_usage_charged_is_the_providers_when_it_said_and_an_estimate_when_served_silent():
-    from sidecar.telemetry.rows import usage_charged
+    from sidecar.telemetry.results import usage_charged
 
     reported = RequestResult("r", 200, "p/m", 1, "ok", input_tokens=40, output_tokens=7)
     assert usage_charged(reported, (300, 100)) == (reported, "reported")

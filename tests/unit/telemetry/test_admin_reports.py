@@ -16,7 +16,8 @@ from sidecar.observe.store import ObservationStore
 from sidecar.operations.admin import AdminServer, check_exposure, is_loopback
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import SQLiteDatabase
-from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import FallbackRow, request_row
 from sidecar.telemetry.store import TelemetryStore
 
 TOKEN = "admin-token-0123456789-0123456789-abc"

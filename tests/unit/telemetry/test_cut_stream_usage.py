@@ -108,3 +108,29 @@ def test_the_reader_takes_only_the_input_from_an_anthropic_stream_cut_before_mes
     row = request_row(_record(Dialect.ANTHROPIC_MESSAGES), result, PRICES, "joined")
     assert (row.usage_source, row.input_tokens, row.output_tokens) == (
         "estimated", completion.prompt_tokens, CAP)
+
+
+@pytest.mark.parametrize(("relayed", "charged"), [
+    (0, CAP),       # nothing reached the caller: only the budget is known
+    (1, 1),         # a byte relayed is a token begun
+    (101, 26),      # 4 bytes a token, rounded up
+    (4 * CAP, CAP),
+    (10_000, CAP),  # never above the budget
+])
+def test_a_cut_stream_is_charged_by_what_was_relayed_up_to_its_budget(relayed: int,
+                                                                     charged: int) -> None:
+    """Issue 40: a stream the caller cut after a few events was charged its whole cap; what
+    Envoy relayed (its body bytes, framing included, so the estimate errs high) says more."""
+    entry = _cut_entry({SHAPE_KEY: "chat.completion.chunk"}, downstream_remote_reset=True)
+    entry.response.response_body_bytes = relayed
+    row = request_row(_record(Dialect.OPENAI_CHAT), result_of(entry, TARGETS), PRICES, "joined")
+    assert (row.usage_source, row.output_tokens) == ("estimated", charged)
+
+
+def test_a_reply_that_is_no_stream_is_charged_its_budget_whatever_its_size() -> None:
+    """A JSON body Envoy could not read is most often compressed: its bytes are no measure."""
+    entry = _cut_entry({})
+    entry.response.response_headers["content-type"] = "application/json"
+    entry.response.response_body_bytes = 40
+    row = request_row(_record(Dialect.OPENAI_CHAT), result_of(entry, TARGETS), PRICES, "joined")
+    assert (row.usage_source, row.output_tokens) == ("estimated", CAP)

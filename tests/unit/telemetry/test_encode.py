@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from sidecar.routing.router import Router
 from sidecar.telemetry.encode import RowEncoder
+from sidecar.telemetry.results import RequestResult
 from sidecar.telemetry.row_counts import count_row
 from sidecar.telemetry.rows import (
     DecisionFacts,
     DecisionRecord,
     JoinedRequest,
     Price,
-    RequestResult,
     decision_record,
     request_row,
 )

@@ -22,7 +22,8 @@ from sidecar.observe.records import Outcome
 from sidecar.routing.decision import Decision
 from sidecar.routing.router import Router
 from sidecar.telemetry.handoff import TelemetryHandoff
-from sidecar.telemetry.rows import DecisionFacts, RequestResult
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import DecisionFacts
 from sidecar.telemetry.worker import Start, Worker
 from sidecar.telemetry.writer import Pacing
 from tests.unit.routing.helpers import config, request, snapshot, warm

@@ -12,11 +12,11 @@ from sidecar.config.models import Pricing
 from sidecar.routing.decision import Decision
 from sidecar.routing.router import Router
 from sidecar.telemetry.join import Joiner
+from sidecar.telemetry.results import RequestResult
 from sidecar.telemetry.rows import (
     DecisionFacts,
     DecisionRecord,
     JoinedRequest,
-    RequestResult,
     RequestRow,
     decision_record,
     request_row,

@@ -9,8 +9,9 @@ from dataclasses import replace
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
 from sidecar.telemetry.metrics import Metrics
+from sidecar.telemetry.results import RequestResult
 from sidecar.telemetry.row_counts import count_row
-from sidecar.telemetry.rows import FallbackRow, RequestResult, request_row
+from sidecar.telemetry.rows import FallbackRow, request_row
 
 
 def test_rows_count_and_gauges_are_read_at_scrape_time() -> None:

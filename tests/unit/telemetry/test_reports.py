@@ -12,7 +12,8 @@ from sidecar.commands.report import report_document
 from sidecar.observe.histogram import RELATIVE_ERROR
 from sidecar.telemetry.database import Database, SQLiteDatabase
 from sidecar.telemetry.reports import Filters, parse_since, percentile, report
-from sidecar.telemetry.rows import FallbackRow, RequestResult, ShadowRow, request_row
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import FallbackRow, ShadowRow, request_row
 from sidecar.telemetry.store import TelemetryStore
 
 DAY1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -9,13 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.config.service_settings import Telemetry, Traces
-from sidecar.telemetry.rows import (
-    DecisionFacts,
-    DecisionRecord,
-    RequestResult,
-    decision_record,
-    request_row,
-)
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import DecisionFacts, DecisionRecord, decision_record, request_row
 from sidecar.telemetry.traces import RequestSpans, span_attributes
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -17,7 +17,8 @@ from pathlib import Path
 from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.deferral import Deferral, DeferralPolicy
 from sidecar.telemetry.intake import HURRY_AFTER_S, ITEMS_PER_MESSAGE, Intake
-from sidecar.telemetry.rows import decision_record, result_record
+from sidecar.telemetry.results import result_record
+from sidecar.telemetry.rows import decision_record
 from sidecar.telemetry.worker import Start, Worker
 from tests.unit.telemetry.test_handoff import decision, result
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar.telemetry.database import Database, SQLiteDatabase
-from sidecar.telemetry.rows import FallbackRow, RequestResult, RequestRow, request_row
+from sidecar.telemetry.results import RequestResult
+from sidecar.telemetry.rows import FallbackRow, RequestRow, request_row
 from sidecar.telemetry.schema import LATEST
 from sidecar.telemetry.store import TelemetryStore, migrate
 from sidecar.telemetry.writer import FALLBACK, REQUEST, Pacing, TelemetryWriter
