@@ -19,7 +19,7 @@ from sidecar.envoy_config.credentials import write_sds_files
 from sidecar.envoy_config.render import render_envoy_yaml
 from sidecar.gateway import Forward, Gateway, Pending, Runtime
 from sidecar.gateway.hedging import Hedges
-from sidecar.observe.access_log import attempt_of, observation_of
+from sidecar.observe.entries import attempt_of, observation_of
 from sidecar.observe.records import Outcome
 from sidecar.routing.observations import ObservationSnapshot, TargetObservations
 from tests.unit.test_envoy_config import envoy_validate

@@ -7,7 +7,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from google.protobuf import struct_pb2
 
 from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
-from sidecar.observe.access_log import observation_of, outcome_of, result_of
+from sidecar.observe.entries import observation_of, outcome_of, result_of
 from sidecar.observe.records import Outcome
 
 TARGETS = {"target__g__0__p": "p/m"}
@@ -341,13 +341,13 @@ def test_a_cancelled_hedged_attempt_counts_and_only_a_hedges_answer_is_left_out(
     the per-attempt log and its request expects it; only an answer (2xx) stands in the
     request's own entry."""
     from sidecar.envoy_contract import HEDGE_CLUSTER_PREFIX
-    from sidecar.observe.access_log import _answered_as_if_clean
+    from sidecar.observe.entries import answered_as_if_clean
 
     hedged = entry(0, cluster=f"{HEDGE_CLUSTER_PREFIX}g__0__a__1__b",
                    downstream_remote_reset=True)
-    assert not _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
+    assert not answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
     hedged.response.response_code.value = 200
-    assert _answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
+    assert answered_as_if_clean(hedged, Outcome.CLIENT_CANCEL)
 
 
 def test_an_unrecognised_refusal_is_counted_by_provider_and_logged_without_its_body(

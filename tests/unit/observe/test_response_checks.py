@@ -17,7 +17,7 @@ from sidecar.envoy_config.upstream_errors import (
     held_reply_limit,
 )
 from sidecar.envoy_contract import USAGE_KEY, USAGE_NAMESPACE
-from sidecar.observe.access_log import observation_of
+from sidecar.observe.entries import observation_of
 from sidecar.observe.records import Outcome
 from sidecar.observe.response_checks import (
     ERROR_TYPE_KEY,

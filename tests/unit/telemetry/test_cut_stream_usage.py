@@ -18,7 +18,7 @@ from sidecar.billing import Rates
 from sidecar.devstack import provider_wire
 from sidecar.dialects.apis import Dialect
 from sidecar.envoy_contract import INPUT_TOKENS_KEY, USAGE_KEY, USAGE_NAMESPACE
-from sidecar.observe.access_log import result_of
+from sidecar.observe.entries import result_of
 from sidecar.observe.response_checks import SHAPE_KEY
 from sidecar.observe.usage_fields import usage_keys
 from sidecar.routing.decision import NoEligibleTarget
