@@ -1,252 +1,8 @@
 -- Usage the caller did not ask for, taken back out of an OpenAI Chat stream (the why and the
 -- rules: unasked_usage.py and docs/observations.md). Envoy's Lua filter runs this as a
 -- coroutine per response (envoyproxy.io docs, HTTP Lua filter: `bodyChunks()` yields
--- between chunks; a chunk's `getBytes(index, length)` and `setBytes(string)`).
--- MAX_CARRY_BYTES and MAX_HELD_BYTES are prepended by unasked_usage.py.
-
-local byte, find, sub, char, concat = string.byte, string.find, string.sub, string.char,
-  table.concat
-local floor = math.floor
-
--- JSON (RFC 8259), read only as far as the top-level members and the spans of their values.
--- Every reader takes (s, i) at its first byte and returns the index after it, or nil when
--- the text is not JSON there. Nesting deeper than MAX_DEPTH counts as not JSON (bounded
--- recursion).
-
-local MAX_DEPTH = 128
-local ESCAPED = {[34] = '"', [92] = "\\", [47] = "/", [98] = "\b", [102] = "\f",
-  [110] = "\n", [114] = "\r", [116] = "\t"}
-
-local function skip_ws(s, i)
-  local _, e = find(s, "^[ \t\n\r]*", i)
-  return e + 1
-end
-
-local function skip_string(s, i)
-  local p = i + 1
-  while true do
-    local q = find(s, '["\\%z\1-\31]', p)
-    if q == nil then return nil end
-    local c = byte(s, q)
-    if c == 34 then return q + 1 end
-    if c ~= 92 then return nil end -- a raw control character
-    c = byte(s, q + 1)
-    if c == 117 then
-      if find(s, "^%x%x%x%x", q + 2) == nil then return nil end
-      p = q + 6
-    elseif c ~= nil and ESCAPED[c] ~= nil then
-      p = q + 2
-    else
-      return nil
-    end
-  end
-end
-
-local function skip_number(s, i)
-  local p = i
-  if byte(s, p) == 45 then p = p + 1 end
-  local c = byte(s, p)
-  if c == 48 then
-    p = p + 1
-  elseif c ~= nil and c >= 49 and c <= 57 then
-    local _, e = find(s, "^%d*", p + 1)
-    p = e + 1
-  else
-    return nil
-  end
-  if byte(s, p) == 46 then
-    local _, e = find(s, "^%d+", p + 1)
-    if e == nil then return nil end
-    p = e + 1
-  end
-  c = byte(s, p)
-  if c == 101 or c == 69 then
-    local _, e = find(s, "^[+-]?%d+", p + 1)
-    if e == nil then return nil end
-    p = e + 1
-  end
-  return p
-end
-
-local skip_value
-
-local function skip_object(s, i, depth)
-  local p = skip_ws(s, i + 1)
-  if byte(s, p) == 125 then return p + 1 end
-  while true do
-    if byte(s, p) ~= 34 then return nil end
-    p = skip_string(s, p)
-    if p == nil then return nil end
-    p = skip_ws(s, p)
-    if byte(s, p) ~= 58 then return nil end
-    p = skip_value(s, skip_ws(s, p + 1), depth)
-    if p == nil then return nil end
-    p = skip_ws(s, p)
-    local c = byte(s, p)
-    if c == 125 then return p + 1 end
-    if c ~= 44 then return nil end
-    p = skip_ws(s, p + 1)
-  end
-end
-
-local function skip_array(s, i, depth)
-  local p = skip_ws(s, i + 1)
-  if byte(s, p) == 93 then return p + 1 end
-  while true do
-    p = skip_value(s, p, depth)
-    if p == nil then return nil end
-    p = skip_ws(s, p)
-    local c = byte(s, p)
-    if c == 93 then return p + 1 end
-    if c ~= 44 then return nil end
-    p = skip_ws(s, p + 1)
-  end
-end
-
-skip_value = function(s, i, depth)
-  local c = byte(s, i)
-  if c == 34 then return skip_string(s, i) end
-  if c == 123 or c == 91 then
-    if depth >= MAX_DEPTH then return nil end
-    if c == 123 then return skip_object(s, i, depth + 1) end
-    return skip_array(s, i, depth + 1)
-  end
-  if c == 116 then return find(s, "^true", i) and i + 4 or nil end
-  if c == 102 then return find(s, "^false", i) and i + 5 or nil end
-  if c == 110 then return find(s, "^null", i) and i + 4 or nil end
-  return skip_number(s, i)
-end
-
-local function utf8(code)
-  if code < 0x80 then return char(code) end
-  if code < 0x800 then return char(0xC0 + floor(code / 64), 0x80 + code % 64) end
-  if code < 0x10000 then
-    return char(0xE0 + floor(code / 4096), 0x80 + floor(code / 64) % 64, 0x80 + code % 64)
-  end
-  return char(0xF0 + floor(code / 262144), 0x80 + floor(code / 4096) % 64,
-    0x80 + floor(code / 64) % 64, 0x80 + code % 64)
-end
-
--- The text of a (valid) JSON string s[i..j-1], quotes included: escapes decoded, so that
--- "us\u0061ge" is the key usage.
-local function string_text(s, i, j)
-  local raw = sub(s, i + 1, j - 2)
-  if find(raw, "\\", 1, true) == nil then return raw end
-  local out, p = {}, 1
-  while true do
-    local q = find(raw, "\\", p, true)
-    if q == nil then
-      out[#out + 1] = sub(raw, p)
-      return concat(out)
-    end
-    out[#out + 1] = sub(raw, p, q - 1)
-    local c = byte(raw, q + 1)
-    if c == 117 then
-      local code = tonumber(sub(raw, q + 2, q + 5), 16)
-      p = q + 6
-      if code >= 0xD800 and code < 0xDC00 and sub(raw, p, p + 1) == "\\u" then
-        local low = tonumber(sub(raw, p + 2, p + 5), 16)
-        if low >= 0xDC00 and low < 0xE000 then
-          code = 0x10000 + (code - 0xD800) * 1024 + (low - 0xDC00)
-          p = p + 6
-        end
-      end
-      out[#out + 1] = utf8(code)
-    else
-      out[#out + 1] = ESCAPED[c]
-      p = q + 2
-    end
-  end
-end
-
--- The members of the object at s[i] ('{'): a list of {key, from, value, to} (from: the key's
--- opening quote; value..to-1: the value's bytes), and the index after the object; nil when
--- it is not JSON.
-local function members(s, i)
-  local list = {}
-  local p = skip_ws(s, i + 1)
-  if byte(s, p) == 125 then return list, p + 1 end
-  while true do
-    if byte(s, p) ~= 34 then return nil end
-    local key_end = skip_string(s, p)
-    if key_end == nil then return nil end
-    local colon = skip_ws(s, key_end)
-    if byte(s, colon) ~= 58 then return nil end
-    local value = skip_ws(s, colon + 1)
-    local value_end = skip_value(s, value, 1)
-    if value_end == nil then return nil end
-    list[#list + 1] = {key = string_text(s, p, key_end), from = p, value = value,
-      to = value_end}
-    p = skip_ws(s, value_end)
-    local c = byte(s, p)
-    if c == 125 then return list, p + 1 end
-    if c ~= 44 then return nil end
-    p = skip_ws(s, p + 1)
-  end
-end
-
--- The last member named `key` (the one a JSON parser keeps), or nil.
-local function member(list, key)
-  for k = #list, 1, -1 do
-    if list[k].key == key then return list[k] end
-  end
-  return nil
-end
-
--- The data of an event when it is one JSON object: its members; nil otherwise.
-local function read_object(data)
-  local p = skip_ws(data, 1)
-  if byte(data, p) ~= 123 then return nil end
-  local list, after = members(data, p)
-  if list == nil or skip_ws(data, after) <= #data then return nil end
-  return list
-end
-
-local function is_empty_array(s, m)
-  return byte(s, m.value) == 91 and byte(s, skip_ws(s, m.value + 1)) == 93
-end
-
-local function is_null(s, m)
-  return m.to - m.value == 4 and byte(s, m.value) == 110
-end
-
--- Whether a choice of the `choices` array carries a finish_reason other than null.
-local function finishes(s, choices)
-  if choices == nil or byte(s, choices.value) ~= 91 then return false end
-  local p = skip_ws(s, choices.value + 1)
-  while byte(s, p) ~= 93 do
-    local after = skip_value(s, p, 1)
-    if byte(s, p) == 123 then
-      local reason = member(members(s, p), "finish_reason")
-      if reason ~= nil and not is_null(s, reason) then return true end
-    end
-    p = skip_ws(s, after)
-    if byte(s, p) == 44 then p = skip_ws(s, p + 1) end
-  end
-  return false
-end
-
--- The object's text without the members in `drop` (their separators with them), with
--- `extra` (raw members) before its closing brace; the rest of its bytes unchanged.
-local function rebuild(s, list, drop, extra)
-  local n = #list
-  local out = {sub(s, 1, list[1].from - 1)}
-  local previous = nil
-  for k = 1, n do
-    if not drop[k] then
-      if previous ~= nil then
-        out[#out + 1] = sub(s, list[previous].to, list[previous + 1].from - 1)
-      end
-      out[#out + 1] = sub(s, list[k].from, list[k].to - 1)
-      previous = k
-    end
-  end
-  if extra ~= nil then
-    out[#out + 1] = previous ~= nil and "," .. extra or extra
-  end
-  out[#out + 1] = sub(s, list[n].to)
-  return concat(out)
-end
+-- between chunks; a chunk's `getBytes(index, length)` and `setBytes(string)`). The JSON
+-- reader (json_members.lua), MAX_CARRY_BYTES and MAX_HELD_BYTES come before this file.
 
 -- SSE (the WHATWG HTML standard, "Server-sent events", parsing an event stream): lines end
 -- with CRLF, LF or CR; an empty line ends an event; a `data` field's value loses one leading
@@ -256,10 +12,17 @@ end
 -- start), or nil and the start of its unfinished line. A CR at the very end ends an empty
 -- line (its LF, if one follows, is an empty line of its own, which dispatches nothing) but
 -- not yet a non-empty one (it may be half of a CRLF).
+local function line_break(buf, pos)
+  local lf = find(buf, "\n", pos, true)
+  local cr = next_of(buf, pos, "\r")
+  if cr ~= nil and (lf == nil or cr < lf) then return cr end
+  return lf
+end
+
 local function event_end(buf, pos)
   local n = #buf
   while true do
-    local t = find(buf, "[\r\n]", pos)
+    local t = line_break(buf, pos)
     if t == nil then return nil, pos end
     local after = t + 1
     if byte(buf, t) == 13 then
@@ -273,12 +36,13 @@ end
 
 -- The event's data lines: the joined data (nil when it has none) and the lines as
 -- {from, value, to} (value: first byte of the value; to: first byte of the terminator);
--- and whether it has any field at all (false: only comments, or an empty line).
-local function event_data(ev)
+-- and whether it has any field at all (false: only comments, or an empty line). `cr`: the
+-- event has a CR (else only LF ends its lines).
+local function event_data(ev, cr)
   local values, lines, fields = nil, nil, false
   local pos = 1
   while true do
-    local t = find(ev, "[\r\n]", pos)
+    local t = cr and line_break(ev, pos) or find(ev, "\n", pos, true)
     if t == nil or t == pos then break end
     if byte(ev, pos) ~= 58 then fields = true end
     if sub(ev, pos, pos + 3) == "data" then
@@ -337,9 +101,11 @@ local function edited(chunk, extra)
     rebuild(chunk.data, chunk.list, chunk.drop or {}, extra))
 end
 
--- The usage chunk's members the held final chunk lacks (by key), as raw text; nil if none.
+-- The usage chunk's members the held final chunk lacks (by key), as raw text, but its usage,
+-- choices and the stream's identity (which the final chunk has its own of); nil if none.
 local function extra_members(data, list, held)
-  local has = {usage = true, choices = true}
+  local has = {usage = true, choices = true, id = true, object = true, created = true,
+    model = true, system_fingerprint = true}
   for _, m in ipairs(held.list) do has[m.key] = true end
   local extra = nil
   for _, m in ipairs(list) do
@@ -356,8 +122,8 @@ end
 -- that event is the usage chunk. An event without fields (comments only, or the LF of a
 -- CRLF whose CR ended the previous event at the end of a chunk) dispatches nothing: it
 -- passes at once and leaves the held chunk waiting.
-local function on_event(state, out, ev)
-  local data, lines, fields = event_data(ev)
+local function on_event(state, out, ev, cr)
+  local data, lines, fields = event_data(ev, cr)
   if not fields then
     out[#out + 1] = ev
     return
@@ -384,7 +150,7 @@ local function on_event(state, out, ev)
       if m.key == "usage" then chunk.drop[k] = true end
     end
   end
-  if #ev <= MAX_HELD_BYTES and finishes(data, choices) then
+  if #ev <= MAX_HELD_BYTES and choices ~= nil and choices.finishing then
     state.held = chunk
   else
     out[#out + 1] = edited(chunk)
@@ -423,7 +189,8 @@ local function on_bytes(state, bytes)
       scan = unfinished
       break
     end
-    on_event(state, out, sub(buf, start, e))
+    local cr = next_of(buf, start, "\r")
+    on_event(state, out, sub(buf, start, e), cr ~= nil and cr <= e)
     start, scan = e + 1, e + 1
   end
   if #buf - start + 1 > MAX_CARRY_BYTES then
@@ -438,6 +205,7 @@ local function on_bytes(state, bytes)
     state.carry = start == 1 and buf or sub(buf, start)
     state.scan = scan - start + 1
   end
+  forget_scans()
   return concat(out)
 end
 

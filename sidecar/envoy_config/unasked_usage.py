@@ -10,14 +10,16 @@ top-level `choices` that is an empty array and a `usage` that is an object) and 
 `"usage": null` that OpenAI then adds to every other chunk
 (platform.openai.com/docs/api-reference/chat/create, `stream_options`).
 
-The script (unasked_usage.lua) reads each event's data as JSON, not as byte patterns: any
-spacing, key order, escapes (`"us\\u0061ge"`), data split over several `data:` lines, CRLF or
-CR line ends, events cut across writes or several in one. Everything else passes byte for
-byte, as it arrives, except that the chunk carrying a `finish_reason` waits for the next
-event: when that is the usage chunk, the members the usage chunk has and the final chunk
-lacks (llama.cpp's `timings`, which it moves there when usage is asked) go into the final
-chunk before its closing brace, so the caller's last chunk is what the provider would have
-sent it. docs/observations.md, "The unasked usage chunk", states the rules.
+The script (json_members.lua, then unasked_usage.lua) reads each event's data as JSON, not
+as byte patterns: any spacing, key order, escapes (`"us\\u0061ge"`), data split over several
+`data:` lines, CRLF or CR line ends, events cut across writes or several in one. Everything
+else passes byte for byte, as it arrives, except that the chunk carrying a `finish_reason`
+waits for the next event: when that is the usage chunk, the members the usage chunk has and
+the final chunk lacks (llama.cpp's `timings`, which it moves there when usage is asked) go
+into the final chunk before its closing brace, so the caller's last chunk is what the
+provider would have sent it; never the usage chunk's identity (id, object, created, model,
+system_fingerprint), which the final chunk has its own of. docs/observations.md, "The
+unasked usage chunk", states the rules.
 
 Lua, because it edits a stream's chunks as they pass without holding them. Bounds: an event
 cut across two chunks waits for its rest (at most one event, at most MAX_CARRY_BYTES; a
@@ -56,9 +58,11 @@ MAX_HELD_BYTES = 64 * 1024
 @cache
 def unasked_usage_script() -> str:
     """The Lua source Envoy runs (also what tests/unit/test_unasked_usage_lua.py runs)."""
-    body = files("sidecar.envoy_config").joinpath("unasked_usage.lua").read_text("utf-8")
+    here = files("sidecar.envoy_config")
+    parts = [here.joinpath(name).read_text("utf-8")
+             for name in ("json_members.lua", "unasked_usage.lua")]
     return (f"local MAX_CARRY_BYTES = {MAX_CARRY_BYTES}\n"
-            f"local MAX_HELD_BYTES = {MAX_HELD_BYTES}\n{body}")
+            f"local MAX_HELD_BYTES = {MAX_HELD_BYTES}\n" + "\n".join(parts))
 
 
 def unasked_usage_filter() -> HttpFilter:

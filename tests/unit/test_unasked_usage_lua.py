@@ -9,7 +9,9 @@ What the caller must see, as parsed events (the WHATWG rules): every event the p
 except the usage chunk (top-level `choices` an empty array and `usage` an object); the JSON
 of the others as sent minus a top-level `"usage": null`, and byte for byte when there is
 nothing to remove; the usage chunk's members that the final chunk (the one carrying a
-`finish_reason`, held until the next event) lacks, in that final chunk; and after every
+`finish_reason`, held until the next event) lacks, in that final chunk, but the usage, the
+empty choices and the stream's identity (id, object, created, model, system_fingerprint);
+and after every
 write, every event the input's whole events give, but the held one.
 """
 
@@ -257,6 +259,11 @@ def writes_of(body: bytes, at: list[int], empty_end: bool) -> list[bytes]:
 
 # --- What the caller should get ---------------------------------------------------------------
 
+# The usage chunk's members that never go into the final chunk: the usage itself, its empty
+# choices and the stream's identity, which the final chunk has its own of.
+_NOT_SPLICED = ("usage", "choices", "id", "object", "created", "model", "system_fingerprint")
+
+
 def is_usage_chunk(value: Any) -> bool:
     return (isinstance(value, dict) and value.get("choices") == []
             and isinstance(value.get("usage"), dict))
@@ -311,7 +318,7 @@ def expected_events(blocks: list[Block], offsets: list[int], at: list[int], flus
         value = item.value
         if is_usage_chunk(value):
             if held is not None:
-                has = {*held[1], "usage", "choices"}
+                has = {*held[1], *_NOT_SPLICED}
                 release({key: part for key, part in value.items() if key not in has})
             continue
         release()
@@ -450,6 +457,12 @@ def test_llama_cpp_timings_reach_the_caller_on_its_final_chunk() -> None:
     assert final["timings"] == timings
     assert final["system_fingerprint"] == "b1-x"
     assert "usage" not in final and len(events) == 4
+    # The stream's identity stays the final chunk's own: a fingerprint only the usage chunk
+    # has is not added (nor are its id, model, created, object).
+    events = caller_sees(chat_stream(dumps, usage_extra={
+        "system_fingerprint": "b1-x", "id": "other", "timings": timings}))
+    assert events[-2]["timings"] == timings and events[-2]["id"] == "c1"
+    assert "system_fingerprint" not in events[-2]
 
 
 def test_every_split_point_and_byte_by_byte() -> None:
