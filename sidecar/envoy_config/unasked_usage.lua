@@ -8,10 +8,7 @@
 -- with CRLF, LF or CR; an empty line ends an event; a `data` field's value loses one leading
 -- space, and an event's data lines are joined with LF.
 
--- The index of the last byte of the event whose lines start at or after `pos` (a line
--- start), or nil and the start of its unfinished line. A CR at the very end ends an empty
--- line (its LF, if one follows, is an empty line of its own, which dispatches nothing) but
--- not yet a non-empty one (it may be half of a CRLF).
+-- The first CR or LF at or after `pos`, or nil.
 local function line_break(buf, pos)
   local lf = find(buf, "\n", pos, true)
   local cr = next_of(buf, pos, "\r")
@@ -19,6 +16,10 @@ local function line_break(buf, pos)
   return lf
 end
 
+-- The index of the last byte of the event whose lines start at or after `pos` (a line
+-- start), or nil and the start of its unfinished line. A CR at the very end ends an empty
+-- line (its LF, if one follows, is an empty line of its own, which dispatches nothing) but
+-- not yet a non-empty one (it may be half of a CRLF).
 local function event_end(buf, pos)
   local n = #buf
   while true do
@@ -221,13 +222,16 @@ function envoy_on_response(handle)
   for chunk in handle:bodyChunks() do
     local bytes = chunk:getBytes(0, chunk:length())
     if not broken then
+      -- What the caller is owed should this write fail half-way: the held final chunk and
+      -- the carried start of an event (none when passing an oversized one: a fake start).
+      local held, carry = state.held, state.passing == nil and state.carry or ""
       local ok, result = pcall(on_bytes, state, bytes)
       if ok then
         chunk:setBytes(result)
         bytes = result
       else -- never expected: from here on the stream passes as it comes, nothing lost
         broken = true
-        bytes = (state.held ~= nil and state.held.ev or "") .. state.carry .. bytes
+        bytes = (held ~= nil and held.ev or "") .. carry .. bytes
         chunk:setBytes(bytes)
       end
     end
