@@ -9,8 +9,15 @@ flush them, written compact and spaced. The figure is process CPU per stream (me
 rounds), for this tree and, with `--against REV`, for the script of another revision (the
 byte-pattern strip before issue #40 is 55b5205).
 
+With `--envoy`, the same in real Envoy: `sidecar serve` and Envoy as rendered for one
+group (bench/mode_runner.py), a fake provider streaming `--chunks` words, `--streams`
+streams a round; Envoy's CPU per stream for a caller that does not ask for usage (the Lua
+runs) and for one that asks (no Lua), and with `--against`, a caller that does not ask with
+that revision's script in the bootstrap; interleaved rounds. The difference to `asked` is
+the filter's cost in Envoy (its LuaJIT, the chunks' copies in and out).
+
 Usage:  .venv/bin/python bench/unasked_usage_cost.py [--chunks 2000] [--rounds 7]
-            [--against 55b5205]
+            [--against 55b5205] [--envoy --streams 40]
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sidecar.envoy_config.unasked_usage import unasked_usage_script  # noqa: E402
 from tests.envoy_lua import LuaFilter  # noqa: E402
 
 
@@ -69,12 +75,72 @@ def cpu_per_stream(lua: LuaFilter, writes: list[bytes], rounds: int) -> float:
     return statistics.median(samples)
 
 
+def envoy_rows(words: int, streams: int, rounds: int, against: str | None) -> None:
+    import asyncio
+    import tempfile
+
+    import httpx
+    from mode_runner import compare, run_mode
+    from reply_gate_cost import load
+
+    from sidecar.devstack.harness import ProviderThread
+    from sidecar.devstack.providers import Behaviour, FakeProvider
+    from sidecar.envoy_config.unasked_usage import unasked_usage_script
+
+    def when_ready(streamed: bool | str):  # a loaded machine starts the sidecar slowly
+        inner = load(streamed)
+
+        async def run(port: int, count: int) -> list[float]:
+            async with httpx.AsyncClient(timeout=5) as client:
+                for _ in range(300):
+                    if (await client.get(f"http://127.0.0.1:{port}/ready")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.2)
+            return await inner(port, count)
+        return run
+
+    def swap_script(source: str):  # the bootstrap with another revision's script in it
+        def replace(node: object) -> object:
+            if isinstance(node, dict):
+                return {key: replace(value) for key, value in node.items()}
+            if isinstance(node, list):
+                return [replace(value) for value in node]
+            return source if node == unasked_usage_script() else node
+
+        def extend(document: dict, _port: int) -> None:
+            document.update(replace(document))
+        return extend
+
+    modes = {"unasked": None, "asked": None}
+    if against:
+        modes[f"unasked@{against}"] = swap_script(script_at(against))
+    provider = FakeProvider("bench", behaviour=Behaviour(text=" ".join(["word"] * words)))
+    with ProviderThread([provider]) as providers, tempfile.TemporaryDirectory() as workdir:
+        def one(mode: str) -> dict[str, float]:
+            return run_mode(mode.replace("@", "-"), providers.base_url("bench"), Path(workdir),
+                            streams, when_ready("asked" if mode == "asked" else True),
+                            observations=True, settle_s=0.5, extend=modes[mode])
+        medians = compare(tuple(modes), rounds, one)
+    asked = medians["asked"]["envoy_cpu_per_1k"]
+    for mode, figures in medians.items():
+        cpu = figures["envoy_cpu_per_1k"]
+        lua = "" if mode == "asked" else (
+            f"; the filter {cpu - asked:.2f} ms ({(cpu - asked) * 1e3 / words:.2f} µs a chunk)")
+        print(f"Envoy {mode:>18}: {cpu:.2f} ms CPU per stream of {words} chunks{lua}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--against", default=None)
+    parser.add_argument("--envoy", action="store_true")
+    parser.add_argument("--streams", type=int, default=40)
     args = parser.parse_args()
+    if args.envoy:
+        envoy_rows(args.chunks, args.streams, args.rounds, args.against)
+        return
+    from sidecar.envoy_config.unasked_usage import unasked_usage_script
     scripts = {"this tree": unasked_usage_script()}
     if args.against:
         scripts[args.against] = script_at(args.against)
