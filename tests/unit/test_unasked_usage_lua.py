@@ -373,7 +373,7 @@ def run(blocks: list[Block], at: list[int], empty_end: bool, trailers: bool = Fa
                               **bounds))
 
 
-@settings(max_examples=250, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_generated_streams_in_any_formatting_and_any_writes(data: st.DataObject) -> None:
@@ -382,7 +382,7 @@ def test_generated_streams_in_any_formatting_and_any_writes(data: st.DataObject)
     run(blocks, data.draw(cuts(size)), data.draw(st.booleans()))
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_bounds_an_oversized_cut_event_passes_unedited_and_the_rest_is_still_read(
