@@ -111,6 +111,12 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
                    lambda: Behaviour(call_tools=True, cut_tool_calls=True)),
     NamedBehaviour("no_usage", "an OpenAI-compatible server that reports no usage, "
                    "`stream_options` or not", lambda: Behaviour(reports_usage=False)),
+    NamedBehaviour("python_spaced_json", "an OpenAI-compatible server written in Python: "
+                   "stream events as `json.dumps` writes them by default (`\"choices\": []`)",
+                   lambda: Behaviour(spaced_json=True)),
+    NamedBehaviour("llama_cpp_timings", "llama.cpp tools/server/README.md (`timings`) and "
+                   "server-task.cpp: `timings` on the stream's last chunk, the usage chunk "
+                   "when usage is asked", lambda: Behaviour(engine_timings=True)),
     NamedBehaviour("openai_cached_usage", "platform.openai.com/docs/guides/prompt-caching",
                    lambda: Behaviour(cache_tokens=(1024, 0))),
     NamedBehaviour("anthropic_cache_usage",

@@ -93,8 +93,11 @@ def _tool_call(request: dict[str, Any]) -> tuple[str, str] | None:
     return str(name), json.dumps({"city": "Oslo", "days": 2})
 
 
-def _data(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+def _data(payload: dict[str, Any], spaced: bool = False) -> bytes:
+    """One SSE event; `spaced`: JSON as Python's `json.dumps` writes it by default (`", "`
+    and `": "`), as several Python-written OpenAI-compatible servers send it."""
+    text = json.dumps(payload) if spaced else json.dumps(payload, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:
@@ -143,35 +146,56 @@ def openai_json(c: Completion, usage: bool = True) -> bytes:
     }).encode()
 
 
-def openai_events(c: Completion, include_usage: bool) -> Iterator[bytes]:
+def llama_cpp_timings(c: Completion) -> dict[str, Any]:
+    """llama.cpp server's `timings` object (tools/server/README.md, the completion reply's
+    `timings`; server-task.cpp `result_timings::to_json`): prompt and generation counts and
+    durations. The fake's figures are made up from the token counts."""
+    prompt_ms, predicted_ms = 0.5 * c.prompt_tokens, 2.0 * c.completion_tokens
+    return {"cache_n": 0, "prompt_n": c.prompt_tokens, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": 0.5, "prompt_per_second": 2000.0,
+            "predicted_n": c.completion_tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": 2.0, "predicted_per_second": 500.0}
+
+
+def openai_events(c: Completion, include_usage: bool, spaced: bool = False,
+                  timings: bool = False) -> Iterator[bytes]:
     """platform.openai.com/docs/api-reference/chat/create, `stream_options.include_usage`:
     a last chunk with empty `choices` and the usage before `[DONE]`, and `"usage": null`
-    in every other chunk."""
-    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+    in every other chunk. `spaced`: JSON with Python's default separators. `timings`: as
+    llama.cpp's server, a `timings` object on the stream's last chunk, which is the usage
+    chunk when usage is asked (server-task.cpp, `to_json_oaicompat_chat_stream`:
+    `deltas.back()` gets the timings after the usage chunk is appended)."""
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         event: dict[str, Any] = {
             "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
         if include_usage:
             event["usage"] = None
-        return _data(event)
+        return event
 
-    yield chunk({"role": "assistant", "content": ""}, None)
+    yield _data(chunk({"role": "assistant", "content": ""}, None), spaced)
     for word in c.words:
-        yield chunk({"content": word}, None)
+        yield _data(chunk({"content": word}, None), spaced)
     if c.tool_call:
         name, arguments = c.tool_call
         half = len(arguments) // 2
-        yield chunk({"tool_calls": [{"index": 0, "id": _call_id(c), "type": "function",
-                                     "function": {"name": name, "arguments": ""}}]}, None)
+        yield _data(chunk({"tool_calls": [{"index": 0, "id": _call_id(c), "type": "function",
+                                           "function": {"name": name, "arguments": ""}}]},
+                          None), spaced)
         for piece in (arguments[:half], arguments[half:]):
-            yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}, None)
-    yield chunk({}, _finish(c))
+            yield _data(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]},
+                              None), spaced)
+    final = chunk({}, _finish(c))
+    last: dict[str, Any] = final
     if include_usage:
-        yield _data({
-            "id": c.id, "object": "chat.completion.chunk", "created": _CREATED, "model": c.model,
-            "choices": [], "usage": openai_usage(c),
-        })
+        last = {"id": c.id, "object": "chat.completion.chunk", "created": _CREATED,
+                "model": c.model, "choices": [], "usage": openai_usage(c)}
+    if timings:
+        last["timings"] = llama_cpp_timings(c)
+    yield _data(final, spaced)
+    if include_usage:
+        yield _data(last, spaced)
     yield b"data: [DONE]\n\n"
 
 

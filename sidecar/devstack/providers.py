@@ -81,6 +81,10 @@ class Behaviour:
     # False: report no usage at all (OpenAI dialect), in JSON or streams, whatever
     # `stream_options` asks, as some OpenAI-compatible servers do.
     reports_usage: bool = True
+    # OpenAI streams only: JSON with Python's default separators (`"choices": []`), and
+    # llama.cpp's `timings` object on the stream's last chunk (provider_wire.openai_events).
+    spaced_json: bool = False
+    engine_timings: bool = False
     # A huge but valid reply of about this many bytes: the text is made of 64 KiB words (one
     # SSE event each), so JSON replies carry it in the message and streams as many events;
     # the usage still comes last.
@@ -280,7 +284,9 @@ class ProviderServer:
         else:
             include_usage = behaviour.reports_usage and bool(
                 (payload.get("stream_options") or {}).get("include_usage"))
-            events = provider_wire.openai_events(completion, include_usage)
+            events = provider_wire.openai_events(completion, include_usage,
+                                                 spaced=behaviour.spaced_json,
+                                                 timings=behaviour.engine_timings)
         pacing = Pacing(delay_s=1 / rate if rate else behaviour.inter_event_delay_s,
                         first_event_delay_s=behaviour.first_event_delay_s,
                         cut_after=behaviour.fail_after_events,

@@ -1,24 +1,40 @@
-"""Usage the caller did not ask for, taken back out of its stream (issue #28).
+"""Usage the caller did not ask for, taken back out of its stream (issues #28, #40).
 
 An OpenAI Chat stream carries its usage only when the request asks for it
 (`stream_options.include_usage`). Left to the caller, a stream without it costs no tokens
 and no spend in quotas, rows and reports. So the decision asks for it on the caller's
 behalf (dialects/body.py) and marks the request (USAGE_UNASKED_HEADER); Envoy's usage
 reader reads the usage chunk as it passes, and this filter, after it on the response path,
-removes what the caller would not have received without the gateway: the usage chunk
-(`"choices":[]` with a `usage` object, sent before `[DONE]`) and the `"usage":null` that
-OpenAI then adds to every other chunk (platform.openai.com/docs/api-reference/chat/create,
-`stream_options`). Everything else passes byte for byte, as it arrives.
+removes what the caller would not have received without the gateway: the usage chunk (a
+top-level `choices` that is an empty array and a `usage` that is an object) and the
+`"usage": null` that OpenAI then adds to every other chunk
+(platform.openai.com/docs/api-reference/chat/create, `stream_options`).
 
-Lua, because it edits a stream's chunks as they pass without holding them: an event cut
-across two chunks waits for its rest (at most one event, at most MAX_CARRY_BYTES), which
-the caller could not have parsed anyway; an unfinished event at the very end of a stream is
-dropped, as every SSE parser (the WHATWG rules, the OpenAI SDK) drops it. The edited
-stream's length is no longer the provider's, so a declared content-length is removed.
-A matcher on the marker skips the filter for every other request.
+The script (json_members.lua, then unasked_usage.lua) reads each event's data as JSON, not
+as byte patterns: any spacing, key order, escapes (`"us\\u0061ge"`), data split over several
+`data:` lines, CRLF or CR line ends, events cut across writes or several in one. Everything
+else passes byte for byte, as it arrives, except that the chunk carrying a `finish_reason`
+waits for the next event: when that is the usage chunk, the members the usage chunk has and
+the final chunk lacks (llama.cpp's `timings`, which it moves there when usage is asked) go
+into the final chunk before its closing brace, so the caller's last chunk is what the
+provider would have sent it; never the usage chunk's identity (id, object, created, model,
+system_fingerprint), which the final chunk has its own of. docs/observations.md, "The
+unasked usage chunk", states the rules.
+
+Lua, because it edits a stream's chunks as they pass without holding them. Bounds: an event
+cut across two chunks waits for its rest (at most one event, at most MAX_CARRY_BYTES; a
+longer one passes unedited), and the final chunk waits only if it is at most MAX_HELD_BYTES
+(a longer one passes at once and the usage chunk's extra members are dropped with it). An
+unfinished event at the very end of a stream is dropped, as every SSE parser (the WHATWG
+rules, the OpenAI SDK) drops it. The edited stream's length is no longer the provider's, so
+a declared content-length is removed. A matcher on the marker skips the filter for every
+other request.
 """
 
 from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
 
 from envoy_data_plane.envoy.config.core.v3 import DataSource
 from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
@@ -31,53 +47,22 @@ from envoy_data_plane.xds.type.matcher.v3 import RegexMatcher, RegexMatcherGoogl
 from sidecar.envoy_config.matchers import negated, request_header, skipped_when
 from sidecar.envoy_contract import USAGE_UNASKED_HEADER
 
-_SCRIPT = """\
--- Events end with a blank line; only whole events are edited, a cut one waits for its rest.
-local function split(text)
-  if string.sub(text, -2) == "\\n\\n" then return text, "" end
-  local last = nil
-  local from = 1
-  while true do
-    local found = string.find(text, "\\n\\n", from, true)
-    if found == nil then break end
-    last, from = found, found + 2
-  end
-  if last == nil then return "", text end
-  return string.sub(text, 1, last + 1), string.sub(text, last + 2)
-end
-
-local function unasked(events)
-  if string.find(events, '"usage"', 1, true) == nil then return events end
-  local kept = {}
-  for event in string.gmatch(events, "(.-\\n\\n)") do
-    local is_usage_chunk = string.find(event, '"choices":[]', 1, true) ~= nil
-        and string.find(event, '"usage":{', 1, true) ~= nil
-    if not is_usage_chunk then
-      event = string.gsub(event, ',"usage":null', "")
-      kept[#kept + 1] = event
-    end
-  end
-  return table.concat(kept)
-end
-
-function envoy_on_response(handle)
-  local headers = handle:headers()
-  local kind = string.lower(headers:get("content-type") or "")
-  if string.find(kind, "text/event-stream", 1, true) == nil then return end
-  -- The edited stream is shorter than a declared length: the caller would wait for the rest.
-  headers:remove("content-length")
-  local carry = ""
-  for chunk in handle:bodyChunks() do
-    local whole, rest = split(carry .. chunk:getBytes(0, chunk:length()))
-    if #rest > %d then whole, rest = whole .. rest, "" end
-    carry = rest
-    chunk:setBytes(unasked(whole))
-  end
-end
-"""
 # A cut event longer than this is no usage chunk (those are a few hundred bytes): it passes
 # unedited rather than be held.
 MAX_CARRY_BYTES = 1024 * 1024
+# The final chunk (a few hundred bytes; some providers put their last text in it) waits for
+# the usage chunk only up to this size.
+MAX_HELD_BYTES = 64 * 1024
+
+
+@cache
+def unasked_usage_script() -> str:
+    """The Lua source Envoy runs (also what tests/unit/test_unasked_usage_lua.py runs)."""
+    here = files("sidecar.envoy_config")
+    parts = [here.joinpath(name).read_text("utf-8")
+             for name in ("json_members.lua", "unasked_usage.lua")]
+    return (f"local MAX_CARRY_BYTES = {MAX_CARRY_BYTES}\n"
+            f"local MAX_HELD_BYTES = {MAX_HELD_BYTES}\n" + "\n".join(parts))
 
 
 def unasked_usage_filter() -> HttpFilter:
@@ -85,6 +70,6 @@ def unasked_usage_filter() -> HttpFilter:
     the response path)."""
     marked = request_header(USAGE_UNASKED_HEADER, StringMatcher(safe_regex=RegexMatcher(
         google_re2=RegexMatcherGoogleRe2(), regex=".+")))
-    script = Lua(default_source_code=DataSource(inline_string=_SCRIPT % MAX_CARRY_BYTES))
+    script = Lua(default_source_code=DataSource(inline_string=unasked_usage_script()))
     return skipped_when(negated(marked), "sidecar.strip_unasked_usage", "envoy.filters.http.lua",
                         Any.pack(script))
