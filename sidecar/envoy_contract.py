@@ -18,6 +18,9 @@ ROUTE_NAMESPACE = "sidecar.route"
 # Beside the priority groups in ROUTE_NAMESPACE, for groups with `retry_same_target`: how
 # many times in a row a held 5xx or 429 may put the same target next.
 SAME_TARGET_KEY = "same_target_retries"
+# ...and the longest `retry-after` of a 429 that still earns the same target next (the
+# group's wait_for_retry_after_seconds).
+SAME_TARGET_WAIT_KEY = "same_target_wait_s"
 # Where a request goes if no order was set (never by design): a cluster with no endpoints.
 NO_TARGET_CLUSTER = "sidecar_no_target"
 # Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.

@@ -29,8 +29,10 @@ from sidecar.envoy_contract import (
 )
 from sidecar.gateway.attempt_orders import (
     AttemptOrder,
+    earns_same_target,
     order_after_failure,
     order_after_refusal,
+    retry_after_seconds,
 )
 from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
 from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
@@ -107,11 +109,14 @@ class UndeclaredLengthGate:
         mark = unrecognised_mark(self._status, body) if end_of_stream else None
         if mark is not None:
             return Release(facts, ((UNRECOGNISED_HEADER, mark),))
-        again = _same_target_next(self._order, self._headers, self._status)
         if self._status == 429 and RETRY_AFTER not in self._headers:
             wait = requested_wait_s(self._headers, now)
             if wait is not None:
-                return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),), again)
+                retry_after = str(math.ceil(wait))
+                again = _same_target_next(self._order, self._headers, self._status,
+                                          retry_after)
+                return Release(facts, ((RETRY_AFTER, retry_after),), again)
+        again = _same_target_next(self._order, self._headers, self._status)
         return Release(facts, attempt_order=again)
 
 
@@ -123,7 +128,8 @@ class UndeclaredLengthGate:
         if order is None:
             return Release(facts)
         return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),),
-                       AttemptOrder(order, self._order.same_target_retries))
+                       AttemptOrder(order, self._order.same_target_retries,
+                                    self._order.same_target_wait_s))
 
 
 def _attempt(headers: Mapping[str, str]) -> int:
@@ -131,14 +137,20 @@ def _attempt(headers: Mapping[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _same_target_next(order: AttemptOrder, headers: Mapping[str, str],
-                      status: int) -> AttemptOrder | None:
-    """For a held 5xx or 429 in a group with `retry_same_target`: the order with the same
-    target next (attempt_orders.py); None when nothing changes."""
-    if not order.same_target_retries or not (status == 429 or 500 <= status < 600):
+def _same_target_next(order: AttemptOrder, headers: Mapping[str, str], status: int,
+                      retry_after: str | None = None) -> AttemptOrder | None:
+    """For a held 5xx, or a 429 whose `retry-after` the group waits out, in a group with
+    `retry_same_target`: the order with the same target next (attempt_orders.py); None
+    when nothing changes. `retry_after`: the one the gate adds, where the reply had none."""
+    if not order.same_target_retries or not earns_same_target(
+            status, retry_after_seconds(retry_after or headers.get(RETRY_AFTER)),
+            order.same_target_wait_s):
         return None
     after = order_after_failure(order.clusters, _attempt(headers), order.same_target_retries)
-    return AttemptOrder(after, order.same_target_retries) if after != order.clusters else None
+    if after == order.clusters:
+        return None
+    return AttemptOrder(after, order.same_target_retries, order.same_target_wait_s)
+
 
 
 class FirstEventGate:
