@@ -25,6 +25,7 @@ from sidecar.envoy_contract import (
     ATTEMPT_MARK_HEADER,
     ROUTE_NAMESPACE,
     SAME_TARGET_KEY,
+    SAME_TARGET_WAIT_HEADER,
     SAME_TARGET_WAIT_KEY,
 )
 
@@ -34,21 +35,28 @@ local function attempt_cluster(group)
   return clusters and clusters[1] and clusters[1]["cluster_name"]
 end
 
--- Whether a reply of this status may put its target next (attempt_orders.py,
--- earns_same_target): a 5xx; a 429 only when its retry-after (digits: the seconds
--- Envoy's back-off reads) is at most the group's wait.
-local function earns_same_target(handle, headers, status)
-  if string.sub(status or "", 1, 1) == "5" and string.len(status) == 3 then return true end
-  if status ~= "429" then return false end
+-- The reply's retry-after when it is whole seconds (as Envoy's back-off reads them) and
+-- at most the group's wait, else nil.
+local function wait_within(handle, headers)
   local value = headers:get("retry-after") or ""
-  if string.match(value, "^[ \t]*%d+[ \t]*$") == nil then return false end
+  if string.match(value, "^[ \t]*%d+[ \t]*$") == nil then return nil end
   local route = handle:streamInfo():dynamicMetadata():get("%(namespace)s")
   local wait = route and tonumber(route["%(wait)s"] or 0) or 0
-  return tonumber(value) <= wait
+  if tonumber(value) > wait then return nil end
+  return string.match(value, "%d+")
+end
+
+-- Whether a reply of this status may put its target next (attempt_orders.py,
+-- earns_same_target): a 5xx; a 429 only when its retry-after is within the group's wait.
+local function earns_same_target(handle, headers, status)
+  if string.sub(status or "", 1, 1) == "5" and string.len(status) == 3 then return true end
+  return status == "429" and wait_within(handle, headers) ~= nil
 end
 
 -- A 5xx or a 429 the provider answered: the same target next, at most the group's
--- retry_same_target times in a row; the order keeps its length.
+-- retry_same_target times in a row; the order keeps its length. Where it is next and the
+-- reply names a wait within the group's, Envoy waits that long first (the header the
+-- route's rate-limited back-off reads: never before another target).
 local function same_target_next(handle, headers)
   local attempt = tonumber(headers:get("%(attempt)s") or "")
   local metadata = handle:streamInfo():dynamicMetadata()
@@ -71,6 +79,8 @@ local function same_target_next(handle, headers)
   order[attempt + 1] = groups[attempt]
   for index = attempt + 1, #groups - 1 do order[index + 1] = groups[index] end
   metadata:set("%(namespace)s", "priority_groups", order)
+  local wait = wait_within(handle, headers)
+  if wait ~= nil then headers:add("%(wait_header)s", wait) end
 end
 
 -- true: retry (on another target, or as before when the order cannot be read);
@@ -104,4 +114,5 @@ def attempt_order_chunk() -> str:
     `same_target_next(handle, headers)` and `other_target_next(handle, headers)`."""
     return (_CHUNK.replace("%(attempt)s", ATTEMPT_MARK_HEADER)
             .replace("%(namespace)s", ROUTE_NAMESPACE).replace("%(repeats)s", SAME_TARGET_KEY)
-            .replace("%(wait)s", SAME_TARGET_WAIT_KEY))
+            .replace("%(wait)s", SAME_TARGET_WAIT_KEY)
+            .replace("%(wait_header)s", SAME_TARGET_WAIT_HEADER))

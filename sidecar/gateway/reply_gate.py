@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from sidecar.envoy_contract import (
     ATTEMPT_MARK_HEADER,
     CONTEXT_RETRY_HEADER,
+    SAME_TARGET_WAIT_HEADER,
     UNRECOGNISED_HEADER,
 )
 from sidecar.gateway.attempt_orders import (
@@ -109,16 +110,17 @@ class UndeclaredLengthGate:
         mark = unrecognised_mark(self._status, body) if end_of_stream else None
         if mark is not None:
             return Release(facts, ((UNRECOGNISED_HEADER, mark),))
-        if self._status == 429 and RETRY_AFTER not in self._headers:
+        retry_after = self._headers.get(RETRY_AFTER)
+        added: tuple[tuple[str, str], ...] = ()
+        if self._status == 429 and retry_after is None:
             wait = requested_wait_s(self._headers, now)
             if wait is not None:
                 retry_after = str(math.ceil(wait))
-                again = _same_target_next(self._order, self._headers, self._status,
-                                          retry_after)
-                return Release(facts, ((RETRY_AFTER, retry_after),), again)
-        again = _same_target_next(self._order, self._headers, self._status)
-        return Release(facts, attempt_order=again)
-
+                added = ((RETRY_AFTER, retry_after),)
+        again = _same_target_next(self._order, self._headers, self._status, retry_after)
+        if again is not None:
+            added += _wait_before(again, retry_after)
+        return Release(facts, added, again)
 
     def _refused(self, facts: Facts) -> Release:
         """A context refusal: retried on the next other target, never on this one."""
@@ -141,16 +143,24 @@ def _same_target_next(order: AttemptOrder, headers: Mapping[str, str], status: i
                       retry_after: str | None = None) -> AttemptOrder | None:
     """For a held 5xx, or a 429 whose `retry-after` the group waits out, in a group with
     `retry_same_target`: the order with the same target next (attempt_orders.py); None
-    when nothing changes. `retry_after`: the one the gate adds, where the reply had none."""
+    when nothing changes. `retry_after`: the reply's, or the one the gate adds."""
     if not order.same_target_retries or not earns_same_target(
-            status, retry_after_seconds(retry_after or headers.get(RETRY_AFTER)),
-            order.same_target_wait_s):
+            status, retry_after_seconds(retry_after), order.same_target_wait_s):
         return None
     after = order_after_failure(order.clusters, _attempt(headers), order.same_target_retries)
     if after == order.clusters:
         return None
     return AttemptOrder(after, order.same_target_retries, order.same_target_wait_s)
 
+
+def _wait_before(order: AttemptOrder, retry_after: str | None) -> tuple[tuple[str, str], ...]:
+    """The same target is next: the wait Envoy's rate-limited back-off spends first, where
+    the reply named one within the group's (SAME_TARGET_WAIT_HEADER; never before another
+    target)."""
+    seconds = retry_after_seconds(retry_after)
+    if seconds is None or seconds > order.same_target_wait_s:
+        return ()
+    return ((SAME_TARGET_WAIT_HEADER, str(int(seconds))),)
 
 
 class FirstEventGate:
@@ -170,7 +180,8 @@ class FirstEventGate:
         if isinstance(verdict, Retry):
             # An in-band 5xx or 429 may not repeat: the same target first, if the group
             # says so.
-            again = _same_target_next(self._order, self._headers, verdict.status)
+            again = _same_target_next(self._order, self._headers, verdict.status,
+                                      self._headers.get(RETRY_AFTER))
             return Retry(verdict.status, verdict.error_type, again)
         if verdict is not None:
             return verdict

@@ -317,7 +317,7 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
         "refresh_cluster_on_retry": True,
         # retry_same_target 1 and a 2 s wait by default: a 429 asking for at most 2 s is
         # waited out before its target is tried again (issue 40).
-        "rate_limited_retry_back_off": {"reset_headers": [{"name": "retry-after"}],
+        "rate_limited_retry_back_off": {"reset_headers": [{"name": "x-sidecar-wait"}],
                                         "max_interval": "2s"},
     }
     # Decisions of one target: a second try at it after the provider's own failures only.
@@ -583,10 +583,10 @@ wait: {targets: [{provider: openai, model_ref: m}],
     waits = [r["route"]["retry_policy"].get("rate_limited_retry_back_off") for r in routes]
     # The default wait (2 s, with the default retry_same_target of 1) is the catch-all's
     # and the idle class's; decisions of one target never wait (no 429 retry there).
-    assert waits == [{"reset_headers": [{"name": "retry-after"}], "max_interval": "2s"},
-                     {"reset_headers": [{"name": "retry-after"}], "max_interval": "4s"},
+    assert waits == [{"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "2s"},
+                     {"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "4s"},
                      None, None, None,
-                     {"reset_headers": [{"name": "retry-after"}], "max_interval": "2s"}]
+                     {"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "2s"}]
     assert all("inline_cluster_specifier_plugin" in r["route"] for r in routes)
     assert "x-sidecar-route-class" in route_config["request_headers_to_remove"]
     assert config.route_class_name("idle") == config.route_class_name("idle-too") == "c1"

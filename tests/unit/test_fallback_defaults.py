@@ -23,6 +23,7 @@ from sidecar.envoy_contract import (
     CONTEXT_RETRY_HEADER,
     ROUTE_NAMESPACE,
     SAME_TARGET_KEY,
+    SAME_TARGET_WAIT_HEADER,
     SAME_TARGET_WAIT_KEY,
 )
 from sidecar.gateway.attempt_orders import (
@@ -123,11 +124,12 @@ function hold(status, header_pairs, body, clusters, attempt, repeats, wait)
   for i, group in ipairs(store["%(ns)s"].priority_groups) do
     names[i] = group.clusters[1].cluster_name
   end
-  return table.concat(names, ","), held["retry-after"], held["%(retry)s"]
+  return table.concat(names, ","), held["retry-after"], held["%(retry)s"],
+         held["%(wait_header)s"]
 end
 """.replace("%(ns)s", ROUTE_NAMESPACE).replace("%(attempt)s", ATTEMPT_MARK_HEADER).replace(
     "%(repeats)s", SAME_TARGET_KEY).replace("%(wait)s", SAME_TARGET_WAIT_KEY).replace(
-    "%(retry)s", CONTEXT_RETRY_HEADER)
+    "%(retry)s", CONTEXT_RETRY_HEADER).replace("%(wait_header)s", SAME_TARGET_WAIT_HEADER)
 
 
 @pytest.fixture(scope="module")
@@ -138,21 +140,26 @@ def lua() -> LuaRuntime:
     return runtime
 
 
+Held = tuple[tuple[str, ...], str | None, str | None]  # order, retry-after, Envoy's wait
+
+
 def held_by_lua(lua: LuaRuntime, status: int, headers: dict[str, str], body: bytes = b"{}",
-                repeats: int = 1, wait: float = 2.0) -> tuple[tuple[str, ...], str | None]:
+                repeats: int = 1, wait: float = 2.0) -> Held:
     pairs = lua.table_from([item for pair in headers.items() for item in pair])
-    names, retry_after, _ = lua.globals().hold(str(status), pairs, body.decode(),
-                                               lua.table_from(list(ORDER)), "1", repeats, wait)
-    return tuple(names.split(",")), retry_after
+    names, retry_after, _, waited = lua.globals().hold(
+        str(status), pairs, body.decode(), lua.table_from(list(ORDER)), "1", repeats, wait)
+    return tuple(names.split(",")), retry_after, waited
 
 
 def held_by_gate(status: int, headers: dict[str, str], body: bytes = b"{}",
-                 repeats: int = 1, wait: float = 2.0) -> tuple[tuple[str, ...], str | None]:
+                 repeats: int = 1, wait: float = 2.0) -> Held:
     gate = UndeclaredLengthGate({":status": str(status), ATTEMPT_MARK_HEADER: "1", **headers},
                                 AttemptOrder(ORDER, repeats, wait))
     release = gate.body(body, True, 0.0)
     order = release.attempt_order.clusters if release.attempt_order else ORDER
-    return order, dict(release.set_headers).get("retry-after", headers.get("retry-after"))
+    added = dict(release.set_headers)
+    return (order, added.get("retry-after", headers.get("retry-after")),
+            added.get(SAME_TARGET_WAIT_HEADER))
 
 
 CASES = [
@@ -184,6 +191,34 @@ def test_what_earns_the_same_target_next_in_the_hold_and_in_the_gate(
     assert held_by_gate(status, headers, repeats=repeats, wait=wait)[0] == after
 
 
+WAITS = [
+    # (status, headers, what Envoy's back-off waits before the next attempt)
+    (429, {"retry-after": "2"}, "2"),                       # the same target, after 2 s
+    (429, {"retry-after": " 1 "}, "1"),
+    (429, {"x-ratelimit-reset-requests": "1s"}, "1"),
+    (503, {"retry-after": "1"}, "1"),
+    (503, {}, None),                                        # Envoy's short back-off
+    (529, {"retry-after": "30"}, None),                     # longer than the group waits
+    (429, {"retry-after": "3"}, None),                      # another target: never waits
+]
+
+
+@pytest.mark.parametrize(("status", "headers", "waited"), WAITS)
+def test_envoy_waits_only_before_the_same_target(lua: LuaRuntime, status: int,
+                                                 headers: dict[str, str],
+                                                 waited: str | None) -> None:
+    """Issue 40: the route's rate-limited back-off reads SAME_TARGET_WAIT_HEADER, which
+    only a reply whose target is next carries; it used to read `retry-after`, so a
+    target's second 429 delayed the *next* target by its wait."""
+    assert held_by_lua(lua, status, headers)[2] == waited
+    assert held_by_gate(status, headers)[2] == waited
+    # The target's second 429 in a row: the next target is tried without waiting.
+    pairs = lua.table_from(["retry-after", "2"])
+    names, _, _, second = lua.globals().hold("429", pairs, "{}", lua.table_from(
+        ["a", "a", "b"]), "2", 1, 2.0)
+    assert (names, second) == ("a,a,b", None)
+
+
 def test_the_retry_after_the_hold_derives_is_the_one_it_judges(lua: LuaRuntime) -> None:
     assert held_by_lua(lua, 429, {"x-ratelimit-reset-requests": "1s"})[1] == "1"
     assert held_by_gate(429, {"x-ratelimit-reset-requests": "1s"})[1] == "1"
@@ -195,7 +230,7 @@ def test_a_context_refusal_still_goes_to_the_next_other_target(lua: LuaRuntime) 
                                  "type": "invalid_request_error",
                                  "code": "context_length_exceeded"}}).encode()
     pairs = lua.table_from([])
-    names, _, mark = lua.globals().hold("400", pairs, body.decode(),
+    names, _, mark, _ = lua.globals().hold("400", pairs, body.decode(),
                                         lua.table_from(list(ORDER)), "1", 1, 2.0)
     assert (names, mark) == ("a,b,b", "context_window")
 
