@@ -19,7 +19,7 @@ from sidecar.observe.refusals import (
 )
 
 PROVIDERS = {"openai", "anthropic", "vllm", "sglang", "tgi", "llama.cpp", "gemini", "bedrock",
-             "mistral", "groq", "together", "deepseek"}
+             "mistral", "groq", "together", "deepseek", "ollama"}
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,15 @@ def test_a_body_that_is_not_json_is_no_refusal_to_either(lua: LuaRuntime) -> Non
     body = b"maximum context length, said the HTML page"
     assert python_verdict(400, body) is None
     assert lua_verdict(lua, 400, body) is None
+
+
+def test_ollamas_refusal_is_known_in_both_of_its_envelopes() -> None:
+    """Issue 40: Ollama refuses a prompt over `num_ctx` only where it cannot shift its
+    context; its OpenAI-compatible and native bodies are both context refusals (as JSON,
+    compact and spaced), and a 200 it answers after truncating has nothing to match."""
+    from sidecar.observe.refusals import is_context_refusal
+    entries = [entry for entry in CATALOGUE if entry.provider == "ollama"]
+    assert len(entries) == 2
+    for entry in entries:
+        for spaced in (False, True):
+            assert is_context_refusal(400, entry.example_bytes(spaced))
