@@ -32,7 +32,7 @@ context (`shift: false`, or a family such as deepseek2) does it refuse, with a 4
 catalogue knows (the `ollama` entries; llm/llama_server.go, server/sched.go,
 openai/openai.go of github.com/ollama/ollama at fb30760, 2026-08-21). A caller's
 `truncate: false` sends the prompt to llama-server unchanged, and llama-server's own 400
-comes back inside Ollama's message (not matched: its text is llama.cpp's JSON, escaped).
+comes back as the text of Ollama's message, which the llama.cpp phrase entry matches.
 """
 
 from __future__ import annotations

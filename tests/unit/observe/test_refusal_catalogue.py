@@ -136,3 +136,15 @@ def test_ollamas_refusal_is_known_in_both_of_its_envelopes() -> None:
     for entry in entries:
         for spaced in (False, True):
             assert is_context_refusal(400, entry.example_bytes(spaced))
+
+
+def test_llama_servers_refusal_relayed_by_ollama_is_still_a_context_refusal() -> None:
+    """With a caller's `truncate: false` Ollama relays llama-server's 400 body as the text
+    of its own message (llm/llama_server.go, statusErrorMessage)."""
+    from sidecar.observe.refusals import is_context_refusal
+    inner = json.dumps({"error": {"code": 400, "type": "exceed_context_size_error",
+                                  "message": "request (1222 tokens) exceeds the available "
+                                             "context size (256 tokens), try increasing it"}})
+    for body in ({"error": {"message": inner, "type": "invalid_request_error", "param": None,
+                            "code": None}}, {"error": inner}):
+        assert is_context_refusal(400, json.dumps(body).encode())
