@@ -64,10 +64,11 @@ from sidecar.envoy_contract import (
     target_cluster_name,
 )
 from sidecar.grpcwire.limits import ServerLimits
+from sidecar.grpcwire.time_scale import time_scale
 from sidecar.header_policy import cluster_stripped_headers, credential_headers
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-ENVOY_SIDECAR_IDLE_SECONDS = ServerLimits().idle_timeout * 0.8
+ENVOY_SIDECAR_IDLE_SHARE = 0.8
 
 
 ClusterBuilder = Callable[[str], Cluster]
@@ -157,8 +158,9 @@ def ext_proc_cluster(address: str) -> Cluster:
         # Envoy closes an idle connection to the sidecar before the sidecar's own idle
         # timeout would (ServerLimits.idle_timeout), so a new ext_proc stream never races a
         # GOAWAY from the sidecar.
-        common_http_protocol_options=HttpProtocolOptionsCore(
-            idle_timeout=timedelta(seconds=ENVOY_SIDECAR_IDLE_SECONDS)),
+        # (The soak's test knob scales both: grpcwire/time_scale.py.)
+        common_http_protocol_options=HttpProtocolOptionsCore(idle_timeout=timedelta(
+            seconds=ServerLimits().idle_timeout * ENVOY_SIDECAR_IDLE_SHARE / time_scale())),
     )
     return Cluster(
         name=EXT_PROC_CLUSTER,

@@ -29,6 +29,7 @@ from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any
 
 from sidecar.envoy_contract import EXT_PROC_CLUSTER
+from sidecar.grpcwire.time_scale import time_scale
 
 READY_PATH = "/ready"
 READINESS_FILTER = "envoy.filters.http.health_check"
@@ -44,9 +45,11 @@ def readiness_filter() -> HttpFilter:
 
 def sidecar_health_check() -> ClusterHealthCheck:
     """Envoy asks the sidecar's gRPC health service (the server as a whole) every second,
-    traffic or not; one answer changes the state either way."""
+    traffic or not; one answer changes the state either way. (The soak's test knob makes
+    the interval shorter, never the timeout: grpcwire/time_scale.py.)"""
     second = timedelta(seconds=1)
+    interval = timedelta(seconds=1 / time_scale())
     return ClusterHealthCheck(
-        timeout=second, interval=second, no_traffic_interval=second,
+        timeout=second, interval=interval, no_traffic_interval=interval,
         unhealthy_threshold=1, healthy_threshold=1,
         grpc_health_check=HealthCheckGrpcHealthCheck(service_name=""))

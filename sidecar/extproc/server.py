@@ -10,6 +10,8 @@ from sidecar.extproc.processor import METHOD, SERVICE, ExternalProcessor
 from sidecar.grpcwire import GrpcServer
 from sidecar.grpcwire.auth import ChannelAuth
 from sidecar.grpcwire.health import add_health
+from sidecar.grpcwire.limits import ServerLimits
+from sidecar.grpcwire.time_scale import scaled_limits, time_scale
 from sidecar.observe.access_log import AccessLogReceiver
 
 if TYPE_CHECKING:  # grpcio is imported only when it serves the port
@@ -29,15 +31,16 @@ async def start_server(processor: ExternalProcessor, address: str,
 
     The message limit follows `limits.max_request_body_bytes` (Envoy enforces that bound on
     the body before it reaches us), so large buffered bodies fit. `grpc_server` is "own"
-    (sidecar/grpcwire) or "grpcio" (the escape hatch, extproc/grpcio_server.py)."""
+    (sidecar/grpcwire) or "grpcio" (the escape hatch, extproc/grpcio_server.py). The
+    timers run faster only under the soak's test knob (grpcwire/time_scale.py)."""
+    limits = scaled_limits(ServerLimits.for_message_size(
+        processor.max_body_bytes + _MESSAGE_OVERHEAD_BYTES), time_scale())
     if grpc_server == "grpcio":
         from sidecar.extproc.grpcio_server import GrpcioServer
 
-        server: GrpcServer | GrpcioServer = GrpcioServer(
-            max_message_bytes=processor.max_body_bytes + _MESSAGE_OVERHEAD_BYTES, auth=auth)
+        server: GrpcServer | GrpcioServer = GrpcioServer(limits, auth=auth)
         return await _serve(server, processor, address, access_logs)
-    server = GrpcServer(max_message_bytes=processor.max_body_bytes + _MESSAGE_OVERHEAD_BYTES,
-                        auth=auth)
+    server = GrpcServer(limits, auth=auth)
     return await _serve(server, processor, address, access_logs)
 
 
