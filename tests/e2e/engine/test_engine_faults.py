@@ -83,9 +83,6 @@ def test_a_caller_hanging_up_mid_stream_cancels_the_engines_task(stack: EngineSt
     assert "cancel" in log.lower(), log[-2000:]
 
 
-@pytest.mark.xfail(strict=False, reason="not yet understood: after the restart the failover "
-                   "group was still served by `big` 30 s later (gateway holds the target out, "
-                   "or the test's row lookup); to investigate")
 def test_an_engine_killed_is_failed_over_from_and_serves_again_after_its_restart(
         stack: EngineStack) -> None:
     solo = stack.engines["solo"]
@@ -101,17 +98,19 @@ def test_an_engine_killed_is_failed_over_from_and_serves_again_after_its_restart
     assert "error" in refused.value.response.json()
 
     solo.start()
-    deadline = time.monotonic() + 30
-    while True:   # the gateway may hold the dead target out for a while; then it is back
+    # `failover` keeps no state (docs/strategies.md): the restarted engine is first again
+    # at once. At most one request may still go to `big` (a connection Envoy pooled before
+    # the kill). Each reply's row is waited for: it is written after the reply returns.
+    served = []
+    for _ in range(3):
         started = time.time()
         with contextlib.suppress(openai.APIStatusError):
             stack.openai.chat.completions.create(model="solo-then-big", messages=prompt(),
                                                  max_tokens=4)
-        rows = stack.rows("solo-then-big", started)
-        if rows and rows[0]["serving_target"] == "solo/tiny":
+        served.append(stack.row("solo-then-big", started)["serving_target"])
+        if served[-1] == "solo/tiny":
             break
-        assert time.monotonic() < deadline, rows
-        time.sleep(0.2)
+    assert served[-1] == "solo/tiny" and len(served) <= 2, served
     reply = stack.openai.chat.completions.create(model="solo", messages=prompt(), max_tokens=4)
     assert reply.usage.completion_tokens == 4
 
