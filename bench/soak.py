@@ -62,7 +62,8 @@ def render(report: SoakReport, load: tuple[str, str]) -> str:
         f"**{tally.total('unexpected')} unexpected**",
         f"- `GET /ready`: {report.ready_polls:,} polls, **"
         f"{sum(report.ready_failures.values())} not 200** "
-        f"{dict(report.ready_failures) or ''}",
+        f"{dict(report.ready_failures) or ''}"
+        + "".join(f"; at {at:.1f} s: {what}" for at, what in report.ready_first_failures),
         f"- Envoy's health checks of the sidecar: {report.health_checks:,} "
         f"({report.envoy_grew('health_check.failure')} failed), "
         f"{report.health_checks / 100:.0f} x `max_unauthenticated_calls`",

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import engine_prebuild
 from tests.postgres_server import PostgresNotInstalled, fresh_database, postgres_server
 from tests.redis_server import RedisNotInstalled, RedisServer, redis_server
 
@@ -18,12 +19,28 @@ from tests.redis_server import RedisNotInstalled, RedisServer, redis_server
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="sidecar-tests-state-")
 
 
+_ENGINE_BUILD = pytest.StashKey[engine_prebuild.Build]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-engine tests run last, so their engine's build overlaps everything else."""
+    engine_prebuild.engine_tests_last(items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The fake providers of the end-to-end tests run on threads of this process, so a full
+    """The real engine's build starts in the background when this session needs it
+    (tests/engine_prebuild.py).
+
+    The fake providers of the end-to-end tests run on threads of this process, so a full
     collection of its heap holds their replies back; what collection built (every test
     module, hypothesis, the SDKs) lives to the end, so it is frozen out of those scans."""
+    session.stash[_ENGINE_BUILD] = engine_prebuild.start_build(session.items)
     gc.collect()
     gc.freeze()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    engine_prebuild.stop_build(session.stash.get(_ENGINE_BUILD, None))
 
 
 @pytest.fixture(scope="session")

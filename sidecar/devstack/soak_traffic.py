@@ -273,8 +273,8 @@ class ReadyPoller:
                     connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 connection.request("GET", "/ready")
                 response = connection.getresponse()
-                response.read()
-                outcome = None if response.status == 200 else str(response.status)
+                body = response.read()
+                outcome = None if response.status == 200 else describe_answer(response, body)
                 if response.will_close:
                     connection.close()
                     connection = None
@@ -290,6 +290,16 @@ class ReadyPoller:
                     self.first_failures.append((time.monotonic() - self._started, outcome))
         if connection is not None:
             connection.close()
+
+
+def describe_answer(response: http.client.HTTPResponse, body: bytes) -> str:
+    """A non-200 `/ready` answer as much as tells who gave it: Envoy's health-check filter
+    answers with an empty body and `x-envoy-upstream-healthchecked-cluster`, a local reply
+    of the router or the overload manager with its own short text."""
+    said = {name: response.getheader(name) for name in (
+        "x-envoy-upstream-healthchecked-cluster", "x-envoy-immediate-health-check-fail",
+        "content-type") if response.getheader(name) is not None}
+    return f"{response.status} {body[:80]!r} {said}"
 
 
 def run_callers(base_url: str, tally: Tally, seconds: float, workers: int,

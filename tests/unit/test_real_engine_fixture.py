@@ -64,5 +64,43 @@ def test_without_a_compiler_the_engine_is_unavailable(tmp_path: Path,
 def test_the_cache_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("SIDECAR_ENGINE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert llama_build.engine_dir("0.3.36") == tmp_path / "model-group-sidecar" / \
-        "llama.cpp-0.3.36"
+    folder = llama_build.engine_dir("0.3.36")
+    assert folder.parent == tmp_path / "model-group-sidecar"
+    assert folder.name.startswith("llama.cpp-0.3.36-")
+
+
+def test_other_build_options_are_another_cache_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached binary built with other options is never taken for this build's."""
+    before = llama_build.engine_dir("0.3.36")
+    monkeypatch.setattr(llama_build, "CMAKE_OPTIONS", (*llama_build.CMAKE_OPTIONS, "-DX=1"))
+    assert llama_build.engine_dir("0.3.36") != before
+
+
+class _Item:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+def test_the_engine_tests_run_last_and_the_others_keep_their_order() -> None:
+    from tests import engine_prebuild
+    names = ["tests/unit/test_a.py::x", "tests/e2e/engine/test_b.py::y",
+             "tests/e2e/test_c.py::z", "tests/e2e/engine/test_d.py::w", "tests/unit/e.py::v"]
+    items = [_Item(name) for name in names]
+    engine_prebuild.engine_tests_last(items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [names[0], names[2], names[4], names[1],
+                                                names[3]]
+
+
+def test_a_session_without_engine_tests_or_with_a_cached_engine_builds_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import engine_prebuild
+    monkeypatch.setenv("SIDECAR_ENGINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(engine_prebuild.subprocess, "Popen",
+                        lambda *a, **k: pytest.fail("a build was started"))
+    assert engine_prebuild.start_build([_Item("tests/unit/test_a.py::x")]) is None  # type: ignore[list-item]
+    folder = llama_build.engine_dir()
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "llama-server").write_text("")
+    (folder / "build.json").write_text("{}")
+    assert engine_prebuild.start_build(  # type: ignore[arg-type]
+        [_Item("tests/e2e/engine/test_b.py::y")]) is None

@@ -5,7 +5,8 @@ front of them, telemetry in SQLite, and the official SDKs as callers.
 Engines: `big` (2 slots of 2048 tokens of context), `small` (1 slot, 256 tokens: the
 context-overflow test) and `solo` (1 slot of 4096: queueing beyond the slots, cancellation,
 kill and restart).
-Each has its own API key; the gateway swaps the caller's token for it.
+Each has its own API key; the gateway swaps the caller's token for it. `big` is also a
+provider of Anthropic's Messages dialect (llama-server's `/v1/messages`): `engine-messages`.
 
 The engine is built once per machine (llama_build.py, about 3 minutes on 2 cores) on first
 use; where it cannot be built (no compiler) the tests skip with a warning."""
@@ -44,6 +45,8 @@ GROUPS = f"""\
 models:
   engine:
     targets: [{{provider: big, model_ref: tiny, pricing: {PRICING}}}]
+  engine-messages:
+    targets: [{{provider: big-messages, model_ref: tiny, pricing: {PRICING}}}]
   engine-bridged:
     bridges: true
     targets: [{{provider: big, model_ref: tiny, pricing: {PRICING}}}]
@@ -124,6 +127,9 @@ def config_text(engines: dict[str, LlamaServer], db: Path) -> str:
     for name, engine in engines.items():
         lines.append(f"  {name}: {{base_url: '{engine.base_url}', "
                      f"credential: {{env: KEY_{name.upper()}}}, dialects: [openai_chat]}}")
+    # llama-server's Anthropic Messages API (`/v1/messages`) on the big engine
+    lines.append(f"  big-messages: {{base_url: '{engines['big'].base_url}', "
+                 "credential: {env: KEY_BIG}, dialects: [anthropic_messages]}")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     lines += [f"callers: [{{name: engine-team, token_sha256: {digest}}}]",
               "observations: {flush_interval_ms: 50, refresh_ms: 10}",

@@ -33,8 +33,6 @@ def test_the_small_engine_refuses_a_prompt_over_its_context_as_llama_cpp_does(
     assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 256
 
 
-@pytest.mark.xfail(strict=True, reason="issue #40 observation 2: llama.cpp's context refusal "
-                   "is not in the refusal catalogue yet (wip/refusals)")
 def test_a_prompt_over_the_small_engines_context_is_answered_by_the_large_one(
         stack: EngineStack) -> None:
     started = time.time()
@@ -140,3 +138,22 @@ def test_an_engine_killed_mid_stream_ends_the_callers_stream_and_the_row_is_esti
     row = stack.row("solo", started)
     assert row["output_tokens"] and row["output_tokens"] >= 20, row
     assert row["usage_source"] == "estimated", row
+
+
+def test_an_anthropic_stream_the_caller_cuts_is_billed_what_was_relayed(
+        stack: EngineStack) -> None:
+    """Issue 40, observation 4: an Anthropic-dialect stream (the engine's own Messages API)
+    that ends before its final `message_delta` is estimated from what was relayed, never
+    billed 0 output tokens. (A bridged stream is not this case: its upstream is unary.)"""
+    started = time.time()
+    deltas = 0
+    with stack.anthropic.messages.create(model="engine-messages", max_tokens=3000,
+                                         messages=prompt(), stream=True) as stream:
+        for event in stream:
+            if event.type == "content_block_delta":
+                deltas += 1
+                if deltas == 20:
+                    break
+    row = stack.row("engine-messages", started)
+    assert row["usage_source"] == "estimated", row
+    assert row["input_tokens"] and 20 <= row["output_tokens"] <= 3000, row
