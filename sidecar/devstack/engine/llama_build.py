@@ -112,10 +112,11 @@ def ensure_llama_server(version: str = SDIST_VERSION, jobs: int | None = None) -
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder / ".lock"):
         record = folder / "build.json"
-        binary = folder / "bin" / "llama-server"
-        if record.exists() and binary.exists():
+        cached = cached_llama_server(version)
+        if cached is not None:
             seconds = float(json.loads(record.read_text())["build_seconds"])
-            return BuiltEngine(binary, version, seconds, built_now=False)
+            return BuiltEngine(cached, version, seconds, built_now=False)
+        binary = folder / "bin" / "llama-server"
         missing = missing_tools()
         if missing:
             raise EngineUnavailable(f"cannot build llama-server: no {', '.join(missing)} "
