@@ -1,14 +1,20 @@
-"""Benchmark: what the reply gate (docs/reply-gate.md) costs, side by side with the path
-without it, in one interleaved run.
+"""Benchmark: what the reply gate (docs/reply-gate.md) and the failover defaults of issue 40
+cost on the happy path, side by side, in one interleaved run.
 
-  stream               a streaming request in a group that commits at the headers (the
-                       default): the gate's matcher skips it; the caller does not ask for
-                       usage, so the gateway asks and Envoy's Lua takes it back out
-                       (envoy_config/unasked_usage.py)
+  stream_before        a streaming request in a group with the defaults before issue 40
+                       (`commit_at_first_event: false`, `retry_same_target: 0`): the gate's
+                       matcher skips it; the caller does not ask for usage, so the gateway
+                       asks and Envoy's Lua takes it back out (envoy_config/unasked_usage.py)
   stream_asked         the same, the caller asking for usage itself: no Lua
-  stream_first_event   the same in a group with `fallback.commit_at_first_event: true`: the
-                       sidecar holds the headers until the first event, then steps out
-  json_declared        a JSON reply with a content-length (held by Lua, read by Envoy)
+  stream_commit        the same with the first-event commit only (`retry_same_target: 0`):
+                       the sidecar holds the headers until the first event, then steps out
+  stream_retry         the same with the same-target retry and its wait only
+                       (`commit_at_first_event: false`): a longer attempt order, a route
+                       with a rate-limited back-off
+  stream_defaults      the same with today's defaults (both)
+  json_before          a JSON reply with a content-length (held by Lua, read by Envoy),
+                       the defaults before issue 40
+  json_defaults        the same with today's defaults
   json_chunked         the same reply chunked: the gate reads it in the sidecar
 
 For streams the latency is the time to the first event (`--requests` streams of 8 events),
@@ -31,12 +37,16 @@ from mode_runner import TOKEN, compare, publish, run_mode, table
 from sidecar.devstack.harness import ProviderThread
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
+BEFORE = "fallback: {commit_at_first_event: false, retry_same_target: 0}"
+TEXT = Behaviour(text="one two three four five six")
 MODES = {  # mode → (group keys, provider behaviour, streamed)
-    "stream": ("", Behaviour(text="one two three four five six"), True),
-    "stream_asked": ("", Behaviour(text="one two three four five six"), "asked"),
-    "stream_first_event": ("fallback: {commit_at_first_event: true}",
-                           Behaviour(text="one two three four five six"), True),
-    "json_declared": ("", Behaviour(), False),
+    "stream_before": (BEFORE, TEXT, True),
+    "stream_asked": (BEFORE, TEXT, "asked"),
+    "stream_commit": ("fallback: {retry_same_target: 0}", TEXT, True),
+    "stream_retry": ("fallback: {commit_at_first_event: false}", TEXT, True),
+    "stream_defaults": ("", TEXT, True),
+    "json_before": (BEFORE, Behaviour(), False),
+    "json_defaults": ("", Behaviour(), False),
     "json_chunked": ("", Behaviour(chunked_json=True), False),
 }
 
@@ -77,7 +87,8 @@ def main() -> int:
             return run_mode(mode, providers.base_url("bench"), Path(workdir), args.requests,
                             load(streamed), observations=True, settle_s=0.5, group=group)
         medians = compare(tuple(MODES), args.rounds, one)
-    title = (f"The reply gate: {args.rounds} interleaved rounds of {args.requests} requests, "
+    title = (f"The reply gate and the failover defaults: {args.rounds} interleaved rounds "
+             f"of {args.requests} requests, "
              "concurrency 1, medians (streams: time to first event)")
     publish(table(title, medians), args.output)
     return 0

@@ -18,6 +18,9 @@ ROUTE_NAMESPACE = "sidecar.route"
 # Beside the priority groups in ROUTE_NAMESPACE, for groups with `retry_same_target`: how
 # many times in a row a held 5xx or 429 may put the same target next.
 SAME_TARGET_KEY = "same_target_retries"
+# ...and the longest `retry-after` of a 429 that still earns the same target next (the
+# group's wait_for_retry_after_seconds).
+SAME_TARGET_WAIT_KEY = "same_target_wait_s"
 # Where a request goes if no order was set (never by design): a cluster with no endpoints.
 NO_TARGET_CLUSTER = "sidecar_no_target"
 # Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.
@@ -106,6 +109,11 @@ UNRECOGNISED_HEADER = "x-sidecar-unrecognised"
 # attempt's number (Envoy's count), so that the hold's Lua knows which entry of the attempt
 # order refused (envoy_config/attempt_order_lua.py). The response allowlist drops it.
 ATTEMPT_MARK_HEADER = "x-sidecar-attempt"
+# Set on a held provider reply whose target is tried again next (a 429 or a 5xx whose
+# `retry-after` is within the group's wait): the seconds Envoy's rate-limited back-off
+# waits before that retry. Its own header, not `retry-after`, so that a wait is never
+# spent before *another* target (issue 40). The response allowlist drops it.
+SAME_TARGET_WAIT_HEADER = "x-sidecar-wait"
 
 # Set by the decision for groups whose route settings differ from the default (a stream idle
 # timeout, a wait for a 429's retry-after): Envoy picks that class's route by it. Removed by

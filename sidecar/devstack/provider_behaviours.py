@@ -101,7 +101,7 @@ BEHAVIOURS: dict[str, NamedBehaviour] = {b.name: b for b in (
                      lambda family=family: Behaviour(context_window_tokens=64,
                                                      refuses_as=family))
       for family in ("llama.cpp", "sglang", "tgi", "gemini", "bedrock", "mistral", "groq",
-                     "together", "deepseek")),
+                     "together", "deepseek", "ollama")),
     # An engine (llama.cpp's llama-server, issue 40) cut by `max_tokens` while it writes a
     # forced tool call: 200, `finish_reason: "length"`, the call's `arguments` cut mid-JSON
     # (platform.openai.com/docs/api-reference/chat/object: "length if the maximum number

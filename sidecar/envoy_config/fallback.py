@@ -79,6 +79,7 @@ from sidecar.envoy_contract import (
     EXT_PROC_CLUSTER,
     NO_TARGET_CLUSTER,
     ROUTE_NAMESPACE,
+    SAME_TARGET_WAIT_HEADER,
 )
 
 # What moves an attempt to the next target. `5xx` covers resets, connect failures and
@@ -126,12 +127,15 @@ def lone_retry_policy(config: SidecarConfig) -> RetryPolicy:
 def retry_policy(config: SidecarConfig, rate_limit_wait_s: float = 0.0) -> RetryPolicy:
     """Every request sets its own number of retries (`x-envoy-max-retries`: the decision's
     fallbacks within the group's `max_attempts`), which replaces `num_retries`; the value
-    here only applies to a request that somehow has none. `rate_limit_wait_s`: after a 429
-    whose `retry-after` is at most this, the next attempt (the same target, for groups
-    with `retry_same_target`) waits that long instead of Envoy's short back-off."""
+    here only applies to a request that somehow has none. `rate_limit_wait_s`: where the
+    hold or the reply gate put the same target next after a reply whose `retry-after` is
+    at most this, they copy it to SAME_TARGET_WAIT_HEADER and Envoy waits that long
+    instead of its short back-off; a retry on another target never waits (issue 40: with
+    `retry-after` itself as the reset header, a target's second 429 also delayed the
+    next target)."""
     most = max(group.fallback.max_attempts for group in config.models.values())
     waits = RetryPolicyRateLimitedRetryBackOff(
-        reset_headers=[RetryPolicyResetHeader(name="retry-after",
+        reset_headers=[RetryPolicyResetHeader(name=SAME_TARGET_WAIT_HEADER,
                                               format=RetryPolicyResetHeaderFormat.SECONDS)],
         max_interval=timedelta(seconds=rate_limit_wait_s)) if rate_limit_wait_s else None
     return RetryPolicy(

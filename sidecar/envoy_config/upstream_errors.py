@@ -208,7 +208,8 @@ def length_within(limit: int) -> Predicate:
 #   of the refusal catalogue, observe/refusal_catalogue.py, scanned by refusal_lua.py) is
 #   marked retriable (CONTEXT_RETRY_HEADER), so the router tries the next target, which
 #   may have a larger window; a last one reaches the caller as sent;
-# - in a group with `retry_same_target`, a 5xx or a 429 puts the same target next in the
+# - in a group with `retry_same_target`, a 5xx, or a 429 whose `retry-after` (its own or
+#   the one derived above) is within the group's wait, puts the same target next in the
 #   request's attempt order, and a context refusal takes the refusing target out of the
 #   rest of it (attempt_order_lua.py; gateway/attempt_orders.py has the rules);
 # - a refusal status no entry knows gets UNRECOGNISED_HEADER (its error's type and code,
@@ -237,18 +238,20 @@ function envoy_on_response(handle)
   -- A handle taken before body() is out of scope after it: take the headers again.
   local headers = handle:headers()
   local status = headers:get(":status")
-  if status == "429" or string.sub(status or "", 1, 1) == "5" then
-    same_target_next(handle, headers)
-  end
-  if status == "429" and headers:get("retry-after") == nil then
+  local derive = status == "429" and headers:get("retry-after") == nil
+  if derive then
     local wait = nil
     for _, name in ipairs({"x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"}) do
       local value = headers:get(name)
       local s = value and seconds(value)
       if s ~= nil and s >= 0 and (wait == nil or s < wait) then wait = s end
     end
-    if wait ~= nil then headers:add("retry-after", tostring(math.ceil(wait))) end
-  elseif body ~= nil and string.sub(status or "", 1, 1) == "4" then
+    if wait ~= nil then headers:add("retry-after", string.format("%d", math.ceil(wait))) end
+  end
+  if earns_same_target(handle, headers, status) then
+    same_target_next(handle, headers)
+  end
+  if not derive and body ~= nil and string.sub(status or "", 1, 1) == "4" then
     local text = string.lower(body:getBytes(0, math.min(body:length(), REFUSAL_SCANNED + 1)))
     local verdict = refusal_verdict(status, text)
     if verdict == "context_window" then

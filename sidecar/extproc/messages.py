@@ -23,6 +23,7 @@ from sidecar.envoy_contract import (
     CLUSTER_ATTRIBUTE,
     ROUTE_NAMESPACE,
     SAME_TARGET_KEY,
+    SAME_TARGET_WAIT_KEY,
     SIDECAR_REPLY_DETAILS,
     USAGE_NAMESPACE,
 )
@@ -87,37 +88,42 @@ def immediate(reply: Reply) -> ext.ProcessingResponse:
     return response
 
 
-_ORDERS: dict[tuple[str, ...], bytes] = {}
+_ORDERS: dict[tuple[tuple[str, ...], int, float], bytes] = {}
 _ORDERS_MAX = 4096
 
 
-def attempt_order(clusters: tuple[str, ...], same_target_retries: int = 0) -> bytes:
+def attempt_order(clusters: tuple[str, ...], same_target_retries: int = 0,
+                  same_target_wait_s: float = 0.0) -> bytes:
     """Dynamic metadata for Envoy's priority-group cluster specifier (one group per attempt,
     one cluster per group), as the encoding of a ProcessingResponse holding only it: sent
     after the rest of the answer, it parses as that answer's metadata (protobuf merges
     concatenated messages). Orders repeat a lot, so encodings are kept (bounded) and no
     request copies a Struct."""
-    key = (clusters, same_target_retries)
+    key = (clusters, same_target_retries, same_target_wait_s)
     order = _ORDERS.get(key)
     if order is None:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
         holder = ext.ProcessingResponse()
         holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            clusters, same_target_retries)})
+            clusters, same_target_retries, same_target_wait_s)})
         order = _ORDERS[key] = holder.SerializeToString()
     return order
 
 
-def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0) -> dict:
+def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0,
+                     same_target_wait_s: float = 0.0) -> dict:
     """The `sidecar.route` metadata: the priority groups the cluster specifier reads and,
     for a group with `retry_same_target`, how often a held 5xx or 429 may repeat a target
-    (the hold's Lua and the reply gate read it)."""
+    and the longest `retry-after` of a 429 that may (the hold's Lua and the reply gate
+    read them)."""
     groups: dict = {"priority_groups": [
         {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
         for n, cluster in enumerate(clusters, 1)]}
     if same_target_retries:
         groups[SAME_TARGET_KEY] = same_target_retries
+        if same_target_wait_s:
+            groups[SAME_TARGET_WAIT_KEY] = same_target_wait_s
     return groups
 
 
@@ -137,7 +143,9 @@ def order_of(metadata: Metadata) -> AttemptOrder:
             return AttemptOrder()
         clusters.append(name.string_value)
     repeats = route.fields.get(SAME_TARGET_KEY)
-    return AttemptOrder(tuple(clusters), int(repeats.number_value) if repeats else 0)
+    wait = route.fields.get(SAME_TARGET_WAIT_KEY)
+    return AttemptOrder(tuple(clusters), int(repeats.number_value) if repeats else 0,
+                        wait.number_value if wait else 0.0)
 
 
 def _field_number(message: type, name: str) -> int:
@@ -204,7 +212,7 @@ _PIECES_FROM_BYTES = 64 * 1024
 
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
                    body: BodyParts, attempts: tuple[str, ...] | None = None,
-                   same_target_retries: int = 0
+                   same_target_retries: int = 0, same_target_wait_s: float = 0.0
                    ) -> ext.ProcessingResponse | BodyAnswer:
     """Answer to a buffered request body: header changes and the new body; with `attempts`,
     also the attempt order, and the route resolved again so the cluster specifier reads it.
@@ -218,7 +226,7 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     metadata = b""
     if attempts is not None:
         common.clear_route_cache = True
-        metadata = attempt_order(attempts, same_target_retries)
+        metadata = attempt_order(attempts, same_target_retries, same_target_wait_s)
     if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
         return BodyAnswer(response, (), metadata) if metadata else response
@@ -229,7 +237,8 @@ def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
-                          outcome.attempts, outcome.same_target_retries)
+                          outcome.attempts, outcome.same_target_retries,
+                          outcome.same_target_wait_s)
 
 
 def continue_response_headers() -> ext.ProcessingResponse:
@@ -250,7 +259,8 @@ def release_body(facts: Mapping[str, float | str],
     if attempt_order is not None:
         # A refusal, a 5xx or a 429: the order of the router's next attempts.
         response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            attempt_order.clusters, attempt_order.same_target_retries)})
+            attempt_order.clusters, attempt_order.same_target_retries,
+            attempt_order.same_target_wait_s)})
     return response
 
 
@@ -263,7 +273,8 @@ def retry_held_reply(status: int, attempt_order: AttemptOrder | None = None
               ((":status", str(status)),))
     if attempt_order is not None:
         response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            attempt_order.clusters, attempt_order.same_target_retries)})
+            attempt_order.clusters, attempt_order.same_target_retries,
+            attempt_order.same_target_wait_s)})
     return response
 
 

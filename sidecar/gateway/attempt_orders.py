@@ -6,8 +6,10 @@ request's `sidecar.route` metadata, read again on every retry. The decision's or
 repeats a target (config/fallback_policy.py); where a reply is held before the router sees
 it, the order is rewritten for the next attempts:
 
-- a 5xx or a 429 the provider answered — failures that may not repeat — puts the same
-  target next, at most `retry_same_target` times in a row (`order_after_failure`);
+- a 5xx, or a 429 whose `retry-after` the group waits out — failures that may not repeat
+  — puts the same target next, at most `retry_same_target` times in a row
+  (`order_after_failure`, `earns_same_target`); a 429 that names no wait, or a longer
+  one, goes to the next target at once (the same target asked not to be called);
 - a refusal of the request itself (a context-length refusal of the refusal catalogue)
   drops the refusing target from the rest of the order (`order_after_refusal`).
 
@@ -31,6 +33,30 @@ class AttemptOrder:
 
     clusters: tuple[str, ...] = ()
     same_target_retries: int = 0
+    # The longest `retry-after` of a 429 that still puts the same target next (the
+    # group's `wait_for_retry_after_seconds`; Envoy's back-off waits it out).
+    same_target_wait_s: float = 0.0
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A `retry-after` in seconds as Envoy's rate-limited back-off reads it (whole
+    seconds); None for anything else (an HTTP date, a fraction), which Envoy does not wait
+    for either."""
+    text = (value or "").strip(" \t")
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return float(text)
+
+
+def earns_same_target(status: int, retry_after_s: float | None, wait_s: float) -> bool:
+    """Whether a failed attempt's reply may put its target next: a 5xx may not repeat; a
+    429 only when it names a wait (`retry_after_s`, the `retry-after` Envoy's back-off
+    reads) of at most `wait_s`, which Envoy waits out first. A 429 that names none, or a
+    longer one, would only be answered 429 again (or wait the caller out): the next target
+    is tried at once."""
+    if 500 <= status < 600:
+        return True
+    return status == 429 and retry_after_s is not None and 0 <= retry_after_s <= wait_s
 
 
 def order_after_refusal(order: Sequence[str], attempt: int) -> tuple[str, ...] | None:

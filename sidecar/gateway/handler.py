@@ -313,7 +313,8 @@ class Gateway:
             set_headers.append((USAGE_UNASKED_HEADER, "1"))
         # The caller's other headers went at the header phase (by allowlist).
         repeats = 0 if hedge is not None or stateful else group.fallback.retry_same_target
-        return Forward(attempts, tuple(set_headers), (), new_body, decision, repeats)
+        return Forward(attempts, tuple(set_headers), (), new_body, decision, repeats,
+                       group.fallback.same_target_wait_seconds if repeats else 0.0)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""

@@ -46,6 +46,9 @@ class Forward:
     # The group's `retry_same_target`: how many times in a row a held 5xx or 429 may put
     # the same target next (it travels with the order, envoy_config/attempt_order_lua.py).
     same_target_retries: int = 0
+    # ...and the longest `retry-after` of a 429 that still earns it (the group's
+    # `wait_for_retry_after_seconds`).
+    same_target_wait_s: float = 0.0
 
     @property
     def body(self) -> bytes:

@@ -25,12 +25,15 @@ from dataclasses import dataclass, field
 from sidecar.envoy_contract import (
     ATTEMPT_MARK_HEADER,
     CONTEXT_RETRY_HEADER,
+    SAME_TARGET_WAIT_HEADER,
     UNRECOGNISED_HEADER,
 )
 from sidecar.gateway.attempt_orders import (
     AttemptOrder,
+    earns_same_target,
     order_after_failure,
     order_after_refusal,
+    retry_after_seconds,
 )
 from sidecar.observe.rate_limits import RETRY_AFTER, requested_wait_s
 from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
@@ -107,13 +110,17 @@ class UndeclaredLengthGate:
         mark = unrecognised_mark(self._status, body) if end_of_stream else None
         if mark is not None:
             return Release(facts, ((UNRECOGNISED_HEADER, mark),))
-        again = _same_target_next(self._order, self._headers, self._status)
-        if self._status == 429 and RETRY_AFTER not in self._headers:
+        retry_after = self._headers.get(RETRY_AFTER)
+        added: tuple[tuple[str, str], ...] = ()
+        if self._status == 429 and retry_after is None:
             wait = requested_wait_s(self._headers, now)
             if wait is not None:
-                return Release(facts, ((RETRY_AFTER, str(math.ceil(wait))),), again)
-        return Release(facts, attempt_order=again)
-
+                retry_after = str(math.ceil(wait))
+                added = ((RETRY_AFTER, retry_after),)
+        again = _same_target_next(self._order, self._headers, self._status, retry_after)
+        if again is not None:
+            added += _wait_before(again, retry_after)
+        return Release(facts, added, again)
 
     def _refused(self, facts: Facts) -> Release:
         """A context refusal: retried on the next other target, never on this one."""
@@ -123,7 +130,8 @@ class UndeclaredLengthGate:
         if order is None:
             return Release(facts)
         return Release(facts, ((CONTEXT_RETRY_HEADER, "context_window"),),
-                       AttemptOrder(order, self._order.same_target_retries))
+                       AttemptOrder(order, self._order.same_target_retries,
+                                    self._order.same_target_wait_s))
 
 
 def _attempt(headers: Mapping[str, str]) -> int:
@@ -131,14 +139,28 @@ def _attempt(headers: Mapping[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _same_target_next(order: AttemptOrder, headers: Mapping[str, str],
-                      status: int) -> AttemptOrder | None:
-    """For a held 5xx or 429 in a group with `retry_same_target`: the order with the same
-    target next (attempt_orders.py); None when nothing changes."""
-    if not order.same_target_retries or not (status == 429 or 500 <= status < 600):
+def _same_target_next(order: AttemptOrder, headers: Mapping[str, str], status: int,
+                      retry_after: str | None = None) -> AttemptOrder | None:
+    """For a held 5xx, or a 429 whose `retry-after` the group waits out, in a group with
+    `retry_same_target`: the order with the same target next (attempt_orders.py); None
+    when nothing changes. `retry_after`: the reply's, or the one the gate adds."""
+    if not order.same_target_retries or not earns_same_target(
+            status, retry_after_seconds(retry_after), order.same_target_wait_s):
         return None
     after = order_after_failure(order.clusters, _attempt(headers), order.same_target_retries)
-    return AttemptOrder(after, order.same_target_retries) if after != order.clusters else None
+    if after == order.clusters:
+        return None
+    return AttemptOrder(after, order.same_target_retries, order.same_target_wait_s)
+
+
+def _wait_before(order: AttemptOrder, retry_after: str | None) -> tuple[tuple[str, str], ...]:
+    """The same target is next: the wait Envoy's rate-limited back-off spends first, where
+    the reply named one within the group's (SAME_TARGET_WAIT_HEADER; never before another
+    target)."""
+    seconds = retry_after_seconds(retry_after)
+    if seconds is None or seconds > order.same_target_wait_s:
+        return ()
+    return ((SAME_TARGET_WAIT_HEADER, str(int(seconds))),)
 
 
 class FirstEventGate:
@@ -158,7 +180,8 @@ class FirstEventGate:
         if isinstance(verdict, Retry):
             # An in-band 5xx or 429 may not repeat: the same target first, if the group
             # says so.
-            again = _same_target_next(self._order, self._headers, verdict.status)
+            again = _same_target_next(self._order, self._headers, verdict.status,
+                                      self._headers.get(RETRY_AFTER))
             return Retry(verdict.status, verdict.error_type, again)
         if verdict is not None:
             return verdict

@@ -22,9 +22,17 @@ the entry names holds: `error_type` / `error_code` equal the error's `type` / `c
 Phrases are plain ASCII without quotes, backslashes or slashes, so no JSON writer escapes
 them. First match wins: context entries come first.
 
-Not in the catalogue: Ollama truncates an over-long prompt to its `num_ctx` instead of
-refusing it (ollama/ollama#2208 asks for an error; #7661, a maintainer: "only the text
-within the context window is actually sent to the model").
+Ollama mostly has nothing to match: by default (`truncate` and `shift` unset) it fits an
+over-long chat to its `num_ctx` itself — older messages dropped (server/prompt.go), then
+the prompt cut to the window keeping its first `num_keep` tokens (its log: "truncating
+input prompt") — and answers 200 with what the model made of the rest (ollama/ollama#7661,
+a maintainer: "only the text within the context window is actually sent to the model").
+No gateway can tell that answer from any other. Only where the model cannot shift its
+context (`shift: false`, or a family such as deepseek2) does it refuse, with a 400 the
+catalogue knows (the `ollama` entries; llm/llama_server.go, server/sched.go,
+openai/openai.go of github.com/ollama/ollama at fb30760, 2026-08-21). A caller's
+`truncate: false` sends the prompt to llama-server unchanged, and llama-server's own 400
+comes back as the text of Ollama's message, which the llama.cpp phrase entry matches.
 """
 
 from __future__ import annotations
@@ -167,6 +175,23 @@ CATALOGUE: tuple[Refusal, ...] = (
                              "be <= 32769. Given: 32000 `inputs` tokens and 2000 "
                              "`max_new_tokens`", "invalid_request_error", None, "max_tokens"),
             phrase="`max_new_tokens` must be"),
+    Refusal("ollama", 400, _CONTEXT,
+            "github.com/ollama/ollama llm/llama_server.go (fb30760): a prompt over num_ctx "
+            "where context shift is off; openai/openai.go's envelope (type "
+            "invalid_request_error for a 400) on /v1/chat/completions",
+            {"error": {"message": "the prompt is longer than the context length currently "
+                                  "available to the model; shorten the prompt, adjust the "
+                                  "context length in settings, or use a model with a longer "
+                                  "context length",
+                       "type": "invalid_request_error", "param": None, "code": None}},
+            phrase="longer than the context length currently available"),
+    Refusal("ollama", 400, _CONTEXT,
+            "the same on Ollama's native /api/chat (docs/api/errors.mdx: the message in "
+            "`error`)",
+            {"error": "the prompt is longer than the context length currently available to "
+                      "the model; shorten the prompt, adjust the context length in settings, "
+                      "or use a model with a longer context length"},
+            phrase="longer than the context length currently available"),
     # --- the request's own fault: every target would refuse it ---
     Refusal("anthropic", 413, _CALLERS,
             "docs.anthropic.com/en/api/errors (413 request_too_large)",

@@ -197,7 +197,8 @@ def test_names_with_a_trailing_newline_are_refused() -> None:
 def test_a_first_token_timeout_needs_the_first_event_commit_and_fits_the_deadline() -> None:
     from sidecar.config.models import Fallback
     with pytest.raises(ValueError, match="needs commit_at_first_event: true"):
-        Fallback(first_token_timeout_seconds=2)
+        Fallback(commit_at_first_event=False, first_token_timeout_seconds=2)
+    assert Fallback(first_token_timeout_seconds=2).first_event_wait_seconds == 2  # default on
     with pytest.raises(ValueError, match="must not exceed deadline_seconds"):
         Fallback(commit_at_first_event=True, first_token_timeout_seconds=20,
                  per_try_timeout_seconds=5, deadline_seconds=10)

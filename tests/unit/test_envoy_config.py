@@ -315,6 +315,10 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
         # a held context-length 400 another target may serve (upstream_errors.py)
         "retriable_headers": [{"name": "x-sidecar-retry", "present_match": True}],
         "refresh_cluster_on_retry": True,
+        # retry_same_target 1 and a 2 s wait by default: a 429 asking for at most 2 s is
+        # waited out before its target is tried again (issue 40).
+        "rate_limited_retry_back_off": {"reset_headers": [{"name": "x-sidecar-wait"}],
+                                        "max_interval": "2s"},
     }
     # Decisions of one target: a second try at it after the provider's own failures only.
     assert lone["match"]["headers"][0]["string_match"] == {"exact": "s"}
@@ -366,10 +370,11 @@ def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_k
     for cluster in targets:
         options = cluster["typed_extension_protocol_options"][
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-        hold, gate, retarget, strip, *injectors, codec = options["http_filters"]
+        hold, gate, first, retarget, strip, *injectors, codec = options["http_filters"]
         assert hold["name"] == "sidecar.hold_bounded_replies"
-        # The SPEC group commits streams at their headers: only the undeclared-length gate.
+        # The SPEC group commits streams at their first event (the default since issue 40).
         assert gate["name"] == "sidecar.gate_undeclared_length"
+        assert first["name"] == "sidecar.gate_first_event"
         matcher = retarget["typed_config"]["xds_matcher"]["matcher_list"]["matchers"][0]
         single = matcher["predicate"]["single_predicate"]
         assert single["input"]["typed_config"]["header_name"] == "x-envoy-attempt-count"
@@ -511,6 +516,9 @@ def test_the_reply_gate_reads_only_replies_envoy_cannot_and_streams_only_where_a
 first:
   fallback: {commit_at_first_event: true, first_token_timeout_seconds: 2.5}
   targets: [{provider: openai, model_ref: m}]
+headers:
+  fallback: {commit_at_first_event: false}
+  targets: [{provider: openai, model_ref: m}]
 """
     config = load_config_text((FIXTURES / "spec_sample.yaml").read_text()
                               + textwrap.indent(first, "  "))
@@ -523,7 +531,12 @@ first:
         return {f["name"]: f["typed_config"] for f in options["http_filters"]
                 if f["name"].startswith("sidecar.gate_")}
 
-    assert set(gates("target__adaptive-agent__0__baseten")) == {"sidecar.gate_undeclared_length"}
+    assert set(gates("target__headers__0__openai")) == {"sidecar.gate_undeclared_length"}
+    # The default (issue 40): streams commit at their first event, waited for as long as
+    # an attempt's headers (per_try_timeout_seconds, 300 s).
+    spec = gates("target__adaptive-agent__0__baseten")
+    assert spec["sidecar.gate_first_event"]["extension_config"]["typed_config"][
+        "message_timeout"] == "301s"
     held = gates("target__first__0__openai")
     assert set(held) == {"sidecar.gate_undeclared_length", "sidecar.gate_first_event"}
     undeclared = held["sidecar.gate_undeclared_length"]
@@ -568,8 +581,12 @@ wait: {targets: [{provider: openai, model_ref: m}],
     assert [r["route"]["idle_timeout"] for r in routes] == [
         "2s", "300s", "300s", "2s", "300s", "300s"]
     waits = [r["route"]["retry_policy"].get("rate_limited_retry_back_off") for r in routes]
-    assert waits == [None, {"reset_headers": [{"name": "retry-after"}], "max_interval": "4s"},
-                     None, None, None, None]
+    # The default wait (2 s, with the default retry_same_target of 1) is the catch-all's
+    # and the idle class's; decisions of one target never wait (no 429 retry there).
+    assert waits == [{"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "2s"},
+                     {"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "4s"},
+                     None, None, None,
+                     {"reset_headers": [{"name": "x-sidecar-wait"}], "max_interval": "2s"}]
     assert all("inline_cluster_specifier_plugin" in r["route"] for r in routes)
     assert "x-sidecar-route-class" in route_config["request_headers_to_remove"]
     assert config.route_class_name("idle") == config.route_class_name("idle-too") == "c1"

@@ -88,7 +88,10 @@ def test_routed_request_sets_the_attempt_order_with_raw_values_and_clears_route_
         {"name": "attempt2", "clusters": [{"cluster_name": "target__g__1__other", "weight": 1}]},
         # Two targets, three attempts: round them again (fallback_policy.attempt_order).
         {"name": "attempt3", "clusters": [{"cluster_name": "target__g__0__local", "weight": 1}]},
-    ]}
+    ],
+        # The default retry_same_target (1) and its wait for a 429's retry-after (2 s)
+        # travel with the order to the hold's Lua and the reply gate (issue 40).
+        "same_target_retries": 1.0, "same_target_wait_s": 2.0}
     sets = {h.header.key: h.header for h in common.header_mutation.set_headers}
     assert sets[":path"].raw_value == b"/v1/chat/completions"
     assert sets[":path"].value == ""  # `value` is ignored by Envoy for mutations
@@ -168,12 +171,15 @@ def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None
     assert any(isinstance(part, memoryview) for part in answer.wire_parts())  # not joined
     small = gateway.on_body(pending, b'{"model": "g"}')
     message, order = messages.forward(small).wire_parts()  # body inside, then the order
-    assert b'"g"' not in message and order == messages.attempt_order(small.attempts)
+    assert b'"g"' not in message and order == messages.attempt_order(
+        small.attempts, small.same_target_retries, small.same_target_wait_s)
     ordinary = ext.ProcessingResponse()
     ordinary.CopyFrom(answer.response)
     ordinary.dynamic_metadata.update({"sidecar.route": {"priority_groups": [
         {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
-        for n, cluster in enumerate(outcome.attempts, 1)]}})
+        for n, cluster in enumerate(outcome.attempts, 1)],
+        "same_target_retries": outcome.same_target_retries,
+        "same_target_wait_s": outcome.same_target_wait_s}})
     ordinary.request_body.response.body_mutation.body = outcome.body
     parsed = ext.ProcessingResponse.FromString(answer.SerializeToString())
     assert parsed == ordinary

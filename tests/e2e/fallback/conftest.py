@@ -25,17 +25,27 @@ CONFIG = """\
 observations: {flush_interval_ms: 50, refresh_ms: 10}
 # Below the 8 MiB a reply may be held: the held-reply limit follows it.
 limits: {max_request_body_bytes: 4194304}
+# Most groups here test where a failed attempt goes *next*, so they turn off the default
+# retry of the same target (retry_same_target: 0, issue 40); `defaults-chain` keeps the
+# defaults (test_fallback.py, test_the_defaults_...).
 models:
   chain:
     strategy: failover
-    fallback: {per_try_timeout_seconds: 0.5}
+    fallback: {per_try_timeout_seconds: 0.5, retry_same_target: 0}
     targets:
       - {provider: a1, model_ref: a1-model}
       - {provider: a2, model_ref: a2-model}
       - {provider: a3, model_ref: a3-model}
+  defaults-chain:
+    strategy: failover
+    fallback: {per_try_timeout_seconds: 0.5}
+    targets:
+      - {provider: a1, model_ref: a1-defaults}
+      - {provider: a2, model_ref: a2-defaults}
+      - {provider: a3, model_ref: a3-defaults}
   two-of-three:
     strategy: failover
-    fallback: {max_attempts: 2}
+    fallback: {max_attempts: 2, retry_same_target: 0}
     targets:
       - {provider: a1, model_ref: a1-model}
       - {provider: a2, model_ref: a2-model}
@@ -48,6 +58,7 @@ models:
       - {provider: a3, model_ref: a3-tools, supports_tools: true}
   stream-chain:
     strategy: failover
+    fallback: {retry_same_target: 0}
     targets:
       - {provider: s1, model_ref: s1-model}
       - {provider: s2, model_ref: s2-model}
@@ -70,11 +81,19 @@ models:
       - {provider: a2, model_ref: a2-model}
   sticky:
     strategy: dynamic_score
+    fallback: {retry_same_target: 0}
     targets:
       - {provider: a1, model_ref: a1-sticky, weight: 9}
       - {provider: a2, model_ref: a2-sticky, weight: 1}
   claude-chain:
     strategy: failover
+    fallback: {retry_same_target: 0}
+    targets:
+      - {provider: c1, model_ref: c1-model}
+      - {provider: c2, model_ref: c2-model}
+  claude-at-headers:
+    strategy: failover
+    fallback: {commit_at_first_event: false}
     targets:
       - {provider: c1, model_ref: c1-model}
       - {provider: c2, model_ref: c2-model}

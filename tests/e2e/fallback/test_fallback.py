@@ -46,6 +46,27 @@ def test_a_failed_primary_falls_back_to_the_next_target(fresh: Stack, failure: s
     assert fresh.new_outcomes("a1/a1-model", before, 1) == {outcome: 1}
 
 
+# With the defaults (issue 40): how many times the failing primary is tried before the
+# next target answers. A 5xx may not repeat (one more try, `retry_same_target: 1`); a 429
+# naming no wait, a reset, a timeout or a refused key goes to the next target at once.
+DEFAULT_TRIES = {"503": 2, "429": 1, "529": 2, "reset": 1, "timeout before headers": 1,
+                 "401, our key refused": 1}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_the_defaults_try_the_same_target_again_only_after_a_failure_that_may_not_repeat(
+        fresh: Stack, failure: str) -> None:
+    behaviour, outcome = FAILURES[failure]
+    before = fresh.figures("a1/a1-defaults")
+    fresh.providers.provider("a1").behaviour = behaviour
+    reply = ask(fresh, "defaults-chain")
+    assert reply.model == "a2-defaults"
+    tries = DEFAULT_TRIES[failure]
+    assert len(fresh.received("a1")) == tries
+    assert fresh.received("a3") == []
+    assert fresh.new_outcomes("a1/a1-defaults", before, tries) == {outcome: tries}
+
+
 def test_a_refused_connection_falls_back(fresh: Stack) -> None:
     before = fresh.figures("dead/nowhere")
     assert ask(fresh, "dead-first").model == "a2-model"

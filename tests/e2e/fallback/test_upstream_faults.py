@@ -176,7 +176,9 @@ NOT_COMPLETIONS = {
 
 def _answered_by(stack: Stack, provider: str) -> httpx.Response:
     if provider == "c1":
-        return post(stack, {"model": "claude-chain", "max_tokens": 16, "messages": []},
+        # A group that commits at the headers: with the default first-event commit an
+        # error event first is retried (tests/e2e/wire/test_commit.py).
+        return post(stack, {"model": "claude-at-headers", "max_tokens": 16, "messages": []},
                     path="/v1/messages")
     return post(stack, {"model": "chain", "messages": []})
 

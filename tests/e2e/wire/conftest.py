@@ -52,8 +52,10 @@ models:
     targets:
       - {{provider: c1, model_ref: c1-model}}
       - {{provider: c2, model_ref: c2-model}}
+  # The waits a 429 asks for, without the default retry of the same target (issue 40).
   rl-chain:
     strategy: failover
+    fallback: {{retry_same_target: 0}}
     targets:
       - {{provider: o1, model_ref: o1-rl}}
       - {{provider: o2, model_ref: o2-rl}}
@@ -135,13 +137,21 @@ models:
       - {{provider: o2, model_ref: o2-model}}
   first-event:
     strategy: failover
-    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
+    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0,
+               retry_same_target: 0}}
     targets:
       - {{provider: o1, model_ref: o1-model}}
       - {{provider: o2, model_ref: o2-model}}
   claude-first-event:
     strategy: failover
-    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0}}
+    fallback: {{commit_at_first_event: true, first_token_timeout_seconds: 1.0,
+               retry_same_target: 0}}
+    targets:
+      - {{provider: c1, model_ref: c1-model}}
+      - {{provider: c2, model_ref: c2-model}}
+  claude-at-headers:
+    strategy: failover
+    fallback: {{commit_at_first_event: false}}
     targets:
       - {{provider: c1, model_ref: c1-model}}
       - {{provider: c2, model_ref: c2-model}}

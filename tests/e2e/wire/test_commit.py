@@ -107,14 +107,43 @@ def test_when_every_target_errors_in_band_the_caller_gets_the_gateways_error(
 
 def test_a_group_that_commits_at_the_headers_passes_an_in_band_error_as_sent(
         fresh: Stack) -> None:
-    """Without the opt-in nothing holds a stream: the caller reads the provider's error."""
+    """With `commit_at_first_event: false` nothing holds a stream: the caller reads the
+    provider's error."""
     fresh.behave("c1", behaviour("anthropic_overloaded_in_stream"))
     with (pytest.raises(anthropic.APIStatusError) as raised,
-          fresh.anthropic.messages.stream(model="claude-chain", max_tokens=64,
+          fresh.anthropic.messages.stream(model="claude-at-headers", max_tokens=64,
                                           messages=prompt()) as stream):
         list(stream.text_stream)
     assert "Overloaded" in str(raised.value)
     assert fresh.received("c2") == []
+
+
+def test_with_the_defaults_a_stream_reset_before_its_first_event_goes_to_the_next_target(
+        fresh: Stack) -> None:
+    """Issue 40, observation 7: a provider that sends its headers and drops the connection
+    before its first event used to leave the caller a 200 and a protocol error while a
+    healthy fallback existed. With the defaults (`chain` sets no fallback keys) the stream
+    is committed at its first event: the reset is retried on the next target, once."""
+    before = fresh.figures("o1/o1-model")
+    fresh.behave("o1", Behaviour(fail_after_events=0))
+    text, _ = stream_text(fresh, "chain")
+    assert text.startswith("Hello from o2")
+    assert (len(fresh.received("o1")), len(fresh.received("o2"))) == (1, 1)
+    outcomes = fresh.new_outcomes("o1/o1-model", before, 1)
+    assert set(outcomes) <= {"reset", "decode_error"} and sum(outcomes.values()) == 1
+
+
+def test_with_the_defaults_an_in_band_overload_first_costs_one_more_try_then_falls_back(
+        fresh: Stack) -> None:
+    """The default first-event commit and same-target retry (issue 40): Anthropic's
+    overloaded error as a stream's first event may not repeat, so c1 is asked once more,
+    then c2 answers; the caller never sees the error."""
+    fresh.behave("c1", behaviour("anthropic_overloaded_in_stream"))
+    with fresh.anthropic.messages.stream(model="claude-chain", max_tokens=64,
+                                         messages=prompt()) as stream:
+        text = "".join(stream.text_stream)
+    assert text.startswith("Hello from c2")
+    assert (len(fresh.received("c1")), len(fresh.received("c2"))) == (2, 1)
 
 
 def test_a_committed_stream_still_arrives_event_by_event(fresh: Stack) -> None:

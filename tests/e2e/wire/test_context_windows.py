@@ -25,7 +25,7 @@ LONG = [{"role": "user", "content": "word " * 200}]  # ~1,000 bytes: over the fa
                                   "tgi_context_length", "gemini_context_length",
                                   "bedrock_context_length", "mistral_context_length",
                                   "groq_context_length", "together_context_length",
-                                  "deepseek_context_length"])
+                                  "deepseek_context_length", "ollama_context_length"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_context_length_refusal_goes_to_the_next_target(fresh: Stack, name: str,
                                                           chunked: bool) -> None:

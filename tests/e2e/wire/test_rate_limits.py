@@ -89,7 +89,7 @@ def test_when_every_target_waits_the_gateway_answers_429_with_the_earliest_retur
 def test_a_transient_500_is_retried_on_the_same_target_where_the_group_says_so(
         fresh: Stack) -> None:
     """`retry_same_target: 1`: the best target's one-off 500 costs a retry there, not the
-    dearer or slower fallback; a group without it moves on at once."""
+    dearer or slower fallback; a group with `retry_same_target: 0` moves on at once."""
     fresh.behave("o1", behaviour("transient_500"))
     reply = fresh.openai.chat.completions.create(model="retry-same", messages=prompt())
     assert reply.model == "o1-model"
@@ -97,7 +97,43 @@ def test_a_transient_500_is_retried_on_the_same_target_where_the_group_says_so(
     fresh.behave("o1", behaviour("transient_500"))
     fresh.providers.provider("o1").served = 0
     assert fresh.openai.chat.completions.create(
-        model="chain", messages=prompt()).model == "o2-model"
+        model="rl-chain", messages=prompt()).model == "o2-rl"
+
+
+def test_with_the_defaults_a_short_wait_is_spent_on_the_same_target_never_before_the_next(
+        fresh: Stack) -> None:
+    """Issue 40 (defaults: retry_same_target 1, wait_for_retry_after_seconds 2): a 429
+    asking for 2 s is waited out before its target is asked again; when it answers 429
+    again, the next target is asked at once — the wait is Envoy's rate-limited back-off on
+    a header only a same-target retry carries (it used to read `retry-after` itself, so
+    the second 429 delayed the next target by 2 s more)."""
+    fresh.behave("o1", behaviour("openai_retry_after"))  # 429, retry-after: 2, every time
+    reply = fresh.openai.chat.completions.create(model="chain", messages=prompt())
+    assert reply.model == "o2-model"
+    first, second = fresh.received("o1")
+    (rescue,) = fresh.received("o2")
+    assert 2.0 <= second.at - first.at < 4.0  # Envoy's back-off: the wait, up to 1.5x
+    assert rescue.at - second.at < 1.0  # Envoy's short back-off (at most 250 ms)
+    deadline = time.monotonic() + 10  # o1's 2 s out of decisions, for the next tests
+    while fresh.figures("o1/o1-model").get("retry_after_s", 0) > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_with_the_defaults_a_429_that_names_no_wait_goes_to_the_next_target_at_once(
+        fresh: Stack) -> None:
+    """A 429 with no `retry-after` (or a longer one than the group waits) would only be
+    answered 429 again: the next target is asked without a second try at the first."""
+    for named in ((), (("retry-after", "3"),)):  # none, and one longer than 2 s
+        fresh.behave("o1", Behaviour(status=429, headers=named))
+        fresh.providers.provider("o1").received.clear()
+        assert fresh.openai.chat.completions.create(
+            model="chain", messages=prompt()).model == "o2-model"
+        assert len(fresh.received("o1")) == 1
+    deadline = time.monotonic() + 10  # o1's 3 s out of decisions, for the next tests
+    while fresh.figures("o1/o1-model").get("retry_after_s", 0) > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_a_target_that_keeps_failing_gets_its_retries_then_the_fallback(fresh: Stack) -> None:

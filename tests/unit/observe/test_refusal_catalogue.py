@@ -19,7 +19,7 @@ from sidecar.observe.refusals import (
 )
 
 PROVIDERS = {"openai", "anthropic", "vllm", "sglang", "tgi", "llama.cpp", "gemini", "bedrock",
-             "mistral", "groq", "together", "deepseek"}
+             "mistral", "groq", "together", "deepseek", "ollama"}
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,27 @@ def test_a_body_that_is_not_json_is_no_refusal_to_either(lua: LuaRuntime) -> Non
     body = b"maximum context length, said the HTML page"
     assert python_verdict(400, body) is None
     assert lua_verdict(lua, 400, body) is None
+
+
+def test_ollamas_refusal_is_known_in_both_of_its_envelopes() -> None:
+    """Issue 40: Ollama refuses a prompt over `num_ctx` only where it cannot shift its
+    context; its OpenAI-compatible and native bodies are both context refusals (as JSON,
+    compact and spaced), and a 200 it answers after truncating has nothing to match."""
+    from sidecar.observe.refusals import is_context_refusal
+    entries = [entry for entry in CATALOGUE if entry.provider == "ollama"]
+    assert len(entries) == 2
+    for entry in entries:
+        for spaced in (False, True):
+            assert is_context_refusal(400, entry.example_bytes(spaced))
+
+
+def test_llama_servers_refusal_relayed_by_ollama_is_still_a_context_refusal() -> None:
+    """With a caller's `truncate: false` Ollama relays llama-server's 400 body as the text
+    of its own message (llm/llama_server.go, statusErrorMessage)."""
+    from sidecar.observe.refusals import is_context_refusal
+    inner = json.dumps({"error": {"code": 400, "type": "exceed_context_size_error",
+                                  "message": "request (1222 tokens) exceeds the available "
+                                             "context size (256 tokens), try increasing it"}})
+    for body in ({"error": {"message": inner, "type": "invalid_request_error", "param": None,
+                            "code": None}}, {"error": inner}):
+        assert is_context_refusal(400, json.dumps(body).encode())

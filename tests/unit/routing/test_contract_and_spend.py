@@ -168,12 +168,16 @@ def test_retry_same_target_repeats_no_target_in_the_order_itself() -> None:
     assert Fallback(retry_same_target=2, max_attempts=1).attempt_order("ab") == ["a"]
     # Fewer targets than attempts: round them again (issue #31).
     assert Fallback().attempt_order("ab") == ["a", "b", "a"]
-    # One target: a second try at it (on the route that retries 5xx only), unless the
-    # group says how to retry the same target, or allows one attempt.
+    # One target: a second try at it (on the route that retries 5xx only, never a 429),
+    # whatever retry_same_target says (issue 40: it defaults to 1, and the group's own
+    # route would retry a lone target's 429 at once), more if it asks for more, unless
+    # the group allows one attempt.
     assert Fallback().attempt_order("a") == ["a", "a"]
     assert Fallback().retries_lone_target(1) and not Fallback().retries_lone_target(2)
-    assert not Fallback(retry_same_target=1).retries_lone_target(1)
+    assert Fallback(retry_same_target=0).retries_lone_target(1)
     assert not Fallback(max_attempts=1).retries_lone_target(1)
-    assert Fallback(retry_same_target=1).attempt_order("a") == ["a", "a"]
+    assert Fallback(retry_same_target=0).attempt_order("a") == ["a", "a"]
+    assert Fallback(retry_same_target=2).attempt_order("a") == ["a", "a", "a"]
+    assert Fallback(retry_same_target=3).attempt_order("a") == ["a", "a", "a"]
     assert Fallback(max_attempts=1).attempt_order("a") == ["a"]
     assert Fallback().attempt_order("") == []
