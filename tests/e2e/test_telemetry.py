@@ -35,6 +35,9 @@ telemetry: {{sqlite_path: '{db}', replica: e2e}}
 models:
   chain:
     strategy: failover
+    # one attempt per target: these tests count rows per fallback (the default same-target
+    # retry of a 5xx has its own tests, tests/e2e/fallback)
+    fallback: {{retry_same_target: 0}}
     targets:
       - provider: flaky
         model_ref: flaky-model
