@@ -90,8 +90,8 @@ def _copy_stderr(process: EnvoyProcess, source: IO[bytes]) -> None:
 
 
 async def _admin_get(admin: str, path: str) -> tuple[bytes, bytes]:
-    """(status line, body) of a GET on Envoy's admin; OSError or TimeoutError if it does
-    not answer."""
+    """(status line, body) of a GET on Envoy's admin (or the client listener); OSError or
+    TimeoutError if it does not answer."""
     host, port = split_host_port(admin)
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
     try:
@@ -138,6 +138,29 @@ async def wait_until_listening(admin: str, listen: str, process: subprocess.Pope
                 return
         await asyncio.sleep(0.05)
     raise EnvoyStartError(f"Envoy did not listen on {listen} within {timeout_s:.0f}s")
+
+
+async def wait_until_serving(listen: str, process: subprocess.Popen[bytes],
+                             timeout_s: float) -> None:
+    """Wait until the client listener's `GET /ready` answers 200: Envoy's first health
+    check of the sidecar has passed. Envoy starts before the sidecar listens, so its first
+    check fails and the next comes a second later; a stack declared up before that answered
+    a load balancer's first `/ready` with 503 (seen by the soak's poller, issue 40)."""
+    host, port = split_host_port(listen)
+    # a wildcard listener is asked on loopback
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        _exited(process)
+        with contextlib.suppress(OSError, TimeoutError):
+            status, _ = await _admin_get(address, "/ready")
+            if b" 200 " in status:
+                return
+        await asyncio.sleep(0.05)
+    raise EnvoyStartError(f"the client listener {listen} did not answer GET /ready with 200 "
+                          f"within {timeout_s:.0f}s: Envoy's health checks of the sidecar "
+                          "have not passed (see the sidecar's log)")
 
 
 def _exited(process: subprocess.Popen[bytes]) -> None:

@@ -143,9 +143,11 @@ class SoakStack:
         return found
 
     def envoy_sidecar_stats(self) -> dict[str, int]:
-        """Envoy's counters of its connections to the sidecar and of its health checks."""
+        """Envoy's counters of its connections to the sidecar (flow control included) and of
+        its health checks."""
         text = _get(f"http://127.0.0.1:{self.up.admin_port}/stats?filter="
-                    r"^cluster\.sidecar_ext_proc\.(upstream_cx_|health_check\.)")
+                    r"^cluster\.sidecar_ext_proc\.(upstream_cx_|upstream_flow_control_"
+                    r"|health_check\.)")
         found = {}
         for line in text.splitlines():
             name, _, value = line.partition(": ")

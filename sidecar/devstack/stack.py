@@ -31,6 +31,7 @@ from sidecar.devstack.envoy_process import (
     stop_envoy,
     wait_until_listening,
     wait_until_ready,
+    wait_until_serving,
 )
 from sidecar.devstack.ports import check_free
 from sidecar.devstack.workdirs import new_workdir, remove_stale_workdirs
@@ -247,8 +248,11 @@ async def run_stack(options: StackOptions) -> int:
 
 
 async def _open(options: StackOptions, envoy: subprocess.Popen[bytes], xds: XdsFiles) -> None:
-    """Envoy ready with its clusters, then the client listener published and bound."""
+    """Envoy ready with its clusters, then the client listener published and bound, then
+    its `/ready` 200 (the sidecar passed Envoy's health check): the banner never precedes
+    a 503 from `/ready`."""
     await wait_until_ready(options.addresses.admin, envoy, options.ready_timeout_s)
     xds.publish_listeners()
     await wait_until_listening(options.addresses.admin, options.addresses.listen, envoy,
                                options.ready_timeout_s)
+    await wait_until_serving(options.addresses.listen, envoy, options.ready_timeout_s)

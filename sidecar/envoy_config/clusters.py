@@ -149,6 +149,16 @@ def _discovery(host: str) -> ClusterDiscoveryType:
     return ClusterDiscoveryType.STATIC if _is_ip(host) else ClusterDiscoveryType.STRICT_DNS
 
 
+# Envoy's write buffer on a connection to the sidecar may hold everything the sidecar's
+# HTTP/2 windows let it send (the connection window; never more) plus HEADERS frames. With
+# the default 1 MiB limit, several large prompts at once on one connection crossed the
+# buffer's high watermark, and Envoy 1.40 then crashed (a segfault in its HTTP/2 client
+# while streams of ext_proc were being reset or answered; docs/envoy-crash-report.md).
+# Above the window the watermark is never crossed, and Envoy holds no more than the
+# window already let it.
+EXT_PROC_CONNECTION_BUFFER_BYTES = ServerLimits().connection_window + 4 * 1024 * 1024
+
+
 def ext_proc_cluster(address: str) -> Cluster:
     host, port = split_host_port(address)
     options = HttpProtocolOptions(
@@ -169,6 +179,7 @@ def ext_proc_cluster(address: str) -> Cluster:
         load_assignment=_endpoints(EXT_PROC_CLUSTER, host, port),
         typed_extension_protocol_options={HTTP_PROTOCOL_OPTIONS: Any.pack(options)},
         health_checks=[sidecar_health_check()],
+        per_connection_buffer_limit_bytes=EXT_PROC_CONNECTION_BUFFER_BYTES,
     )
 
 

@@ -111,7 +111,8 @@ def test_a_port_in_use_is_an_error_naming_it_and_nothing_is_left_running(
 def test_the_start_is_quiet_and_takes_no_request_before_the_sidecar_can_answer(
         tmp_path) -> None:
     """Issue #29.2/3: 25 work-in-progress warnings before the banner; requests that came
-    before the banner met `Received gRPC error ... Connection refused`."""
+    before the banner met `Received gRPC error ... Connection refused`. Issue 40: once the
+    banner is out, `/ready` answers 200."""
     up = UpProcess(["--demo-port", "0"], log_path=tmp_path / "up.log")
     answers = []
     try:
@@ -123,6 +124,9 @@ def test_the_start_is_quiet_and_takes_no_request_before_the_sidecar_can_answer(
             with contextlib.suppress(httpx.TransportError):
                 answers.append(_hello(up))
         starting.join(10)
+        # Issue 40: the banner came before Envoy's first passing health check of the
+        # sidecar, so a load balancer's first `/ready` could be a 503 (the soak's poller).
+        assert httpx.get(up.base_url + "/ready", timeout=5).status_code == 200
         answers.append(_hello(up))
         assert set(answers) == {200}, answers
         assert up.interrupt() == 0

@@ -26,6 +26,7 @@ from sidecar.envoy_config.follow import recorded_addresses, start_xds
 from sidecar.envoy_config.local_replies import anthropic_type, openai_type
 from sidecar.envoy_config.render import bootstrap, render_envoy_yaml, rendered_document
 from sidecar.envoy_contract import target_cluster_name
+from sidecar.grpcwire.limits import ServerLimits
 from tests.compose_files import (
     compose_file,
     config_mount,
@@ -359,6 +360,21 @@ def test_envoy_health_checks_of_the_sidecar_carry_the_channel_token(tmp_path: Pa
     path = tmp_path / "envoy.yaml"
     path.write_text(text)
     envoy_validate(path)
+
+
+def test_envoys_buffer_to_the_sidecar_holds_more_than_the_sidecars_window() -> None:
+    """Issue 40, the soak's crash: with Envoy's default 1 MiB buffer on a connection to the
+    sidecar, several large prompts at once crossed its high watermark and Envoy 1.40
+    segfaulted (tests/e2e/test_large_prompts_at_once.py). What Envoy may have in flight on
+    that connection is bounded by the sidecar's connection window, so a buffer above it
+    never reaches the watermark."""
+    config = load_config_file(FIXTURES / "spec_sample.yaml")
+    document = yaml.safe_load(render_envoy_yaml(config, EnvoyAddresses()))
+    ext_proc, = (c for c in document["static_resources"]["clusters"]
+                 if c["name"] == "sidecar_ext_proc")
+    # plus room for HEADERS frames (HPACK-compressed, a few hundred bytes per ext_proc call)
+    assert ext_proc["per_connection_buffer_limit_bytes"] >= (
+        ServerLimits().connection_window + 1024 * 1024)
 
 
 def test_every_target_cluster_retargets_retries_strips_headers_and_injects_its_key() -> None:
