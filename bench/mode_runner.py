@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import statistics
@@ -96,6 +97,18 @@ async def latencies(port: int, count: int) -> list[float]:
     return results
 
 
+def wait_ready(listen: int, timeout_s: float = 60.0) -> None:
+    """Until the client listener's `/ready` answers 200 (Envoy up, the sidecar past Envoy's
+    health check): a fixed pause was too short on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{listen}/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"127.0.0.1:{listen}/ready did not answer 200 within {timeout_s:.0f} s")
+
+
 def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load, *,
              observations: bool = False, extend: Extend | None = None,
              helper_source: str | None = None, helper_cluster: str | None = None,
@@ -123,7 +136,7 @@ def run_mode(name: str, provider_url: str, workdir: Path, count: int, load: Load
     envoy_file.write_text(yaml.safe_dump(document))
     envoy = start_envoy(envoy_file, "error")
     try:
-        time.sleep(2.0)
+        wait_ready(listen)
         asyncio.run(load(listen, 50))  # warm-up
         python_before = sum(cpu_seconds(p.pid) for p in processes)
         envoy_before = cpu_seconds(envoy.pid)
