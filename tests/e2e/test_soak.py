@@ -91,7 +91,10 @@ def test_no_connection_of_envoys_is_closed_by_the_sidecar(report: SoakReport) ->
         "upstream_cx_protocol_error", "upstream_cx_idle_timeout", "health_check.failure",
         "health_check.network_failure")}
     assert closed == dict.fromkeys(closed, 0)
-    assert report.envoy_grew("health_check.success") == report.health_checks
+    # every check answered but the one in flight when the counters were read (a check
+    # counts as an attempt when sent; failures are 0 above)
+    assert report.health_checks - 1 <= report.envoy_grew("health_check.success") <= (
+        report.health_checks)
     # nor backed up: the watermark whose crossing crashed Envoy 1.40 under this traffic
     # (tests/e2e/test_large_prompts_at_once.py)
     assert report.envoy_grew("upstream_flow_control_backed_up_total") == 0
