@@ -3,9 +3,11 @@
 
 Both rows run the SPEC group (dynamic_score) through real Envoy and a sidecar process, the
 bootstrap rendered and the sidecar started from the given source tree (so a change to the
-Envoy half shows too); rows alternate round by round. A stream's time to its first event
-is measured on the demo provider's stream group. Make the other tree with
-`git worktree add /tmp/old <rev>`.
+Envoy half shows too); rows alternate round by round, each going first in every other
+round, and the per-round ratios' range is printed beside the medians' ratio: a tree
+against itself spans about ±10 % here, so a difference inside that needs more rounds. A
+stream's time to its first event is measured on the demo provider's stream group. Make the
+other tree with `git worktree add /tmp/old <rev>`.
 
 Usage:  .venv/bin/python bench/versus_revision.py --old-tree /tmp/old [--new-tree T] [--rounds 4]
         [--seconds 4] [--output F]      (wrk from Debian's package must be installed)
@@ -69,8 +71,10 @@ def main() -> int:
         provider, fast_port = fast_provider(workdir)
         try:
             wait_http(fast_port, CHAT_PATH)
-            for _ in range(args.rounds):
-                for name, tree in trees.items():
+            for round_number in range(args.rounds):
+                # ABBA: which row goes first alternates, so neither gains by its place
+                order = list(trees.items())
+                for name, tree in order if round_number % 2 == 0 else order[::-1]:
                     results[name].append(measure(tree, workdir, fast_port,
                                                  drip.base_url("drip"), args.seconds))
                     time.sleep(0.5)
@@ -86,6 +90,14 @@ def main() -> int:
     old, new = medians["other revision"], medians["this tree"]
     lines += ["", "This tree / other: " + ", ".join(
         f"{name} {n / o:.2f}×" for name, o, n in zip(NAMES, old, new, strict=True))]
+    # The same ratio round by round (each round's two rows ran back to back): its range is
+    # this run's noise; a tree compared with itself spans about ±10 % on the shared machine.
+    paired = [[n / o for o, n in zip(old_row, new_row, strict=True)]
+              for old_row, new_row in zip(results["other revision"], results["this tree"],
+                                          strict=True)]
+    lines += ["", "Round by round (min–max): " + ", ".join(
+        f"{name} {min(column):.2f}–{max(column):.2f}×"
+        for name, column in zip(NAMES, zip(*paired, strict=True), strict=True))]
     publish("\n".join(lines) + "\n", args.output)
     return 0
 
