@@ -29,8 +29,8 @@ CLAUDE_HEALTHY = ("Hello from claude ", "Hello from claude-overloaded ")
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 # A long prompt (512 KiB): every request body reaches the sidecar (routing reads it), so
 # these take many times the flow-control windows through Envoy's connections to the
-# sidecar. (Above Envoy's 1 MiB connection buffer, several at once on a bridged route
-# crashed Envoy 1.40 in this soak: issue 40's soak report, not yet fixed.)
+# sidecar. (Several at once crashed Envoy 1.40 while its connection to the sidecar had the
+# default 1 MiB buffer: docs/envoy-crash-report.md, tests/e2e/test_large_prompts_at_once.py.)
 LONG_PROMPT_BYTES = 512 * 1024
 LONG_MESSAGES = [{"role": "user", "content": "Summarise: " + "lorem ipsum " * (
     LONG_PROMPT_BYTES // 12)}]

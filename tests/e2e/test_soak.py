@@ -3,7 +3,7 @@
 two and a half minutes, through devstack/soak.py, the driver bench/soak.py runs for 30.
 
 Traffic: 19 kinds in rotation by 6 callers: unary and streams in both dialects, callers
-hanging up mid-stream, 2 MiB prompts, and provider faults: a 500 in two, a 529 in two, 429s
+hanging up mid-stream, 512 KiB prompts, and provider faults: a 500 in two, a 529 in two, 429s
 with `retry-after`, connection resets and a slow first event, each rescued by fallback to a
 healthy target; and targets that always fail, whose callers get the error as their
 dialect's JSON. A poller asks `GET /ready` on the client listener every 20 ms.
@@ -26,7 +26,7 @@ machine, ~150 s of stack time; the test checks each crossing itself):
 - `log_interval` (60 s scaled to 6 s): ~25 windows of the log limiter.
 - `handshake_timeout` (0.5 s) and `open_method_timeout` (0.2 s): every connection Envoy
   opens and every health call (~1,500) meet them.
-- `connection_window` (64 MiB): every request body reaches the sidecar; with the 2 MiB
+- `connection_window` (64 MiB): every request body reaches the sidecar; with the 512 KiB
   prompts Envoy sends it several hundred MiB over its 2 worker connections, the window's
   credit coming back many times over.
 - `flood_burst` (50 frames) and `flood_rate` (10 a second): Envoy's resets of thousands of
