@@ -21,6 +21,9 @@ SAME_TARGET_KEY = "same_target_retries"
 # ...and the longest `retry-after` of a 429 that still earns the same target next (the
 # group's wait_for_retry_after_seconds).
 SAME_TARGET_WAIT_KEY = "same_target_wait_s"
+# ...and, for a stream whose primary has a first-event deadline of its own
+# (gateway/first_event_deadline.py), that deadline in whole seconds (the reply gate reads it).
+FIRST_EVENT_DEADLINE_KEY = "first_event_deadline_s"
 # Where a request goes if no order was set (never by design): a cluster with no endpoints.
 NO_TARGET_CLUSTER = "sidecar_no_target"
 # Per-attempt retarget streams ask Envoy for this attribute, which names the attempt's target.

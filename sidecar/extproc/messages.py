@@ -21,6 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from sidecar.envoy_contract import (
     CLUSTER_ATTRIBUTE,
+    FIRST_EVENT_DEADLINE_KEY,
     ROUTE_NAMESPACE,
     SAME_TARGET_KEY,
     SAME_TARGET_WAIT_KEY,
@@ -93,26 +94,26 @@ _ORDERS_MAX = 4096
 
 
 def attempt_order(clusters: tuple[str, ...], same_target_retries: int = 0,
-                  same_target_wait_s: float = 0.0) -> bytes:
+                  same_target_wait_s: float = 0.0, first_event_deadline_s: int = 0) -> bytes:
     """Dynamic metadata for Envoy's priority-group cluster specifier (one group per attempt,
     one cluster per group), as the encoding of a ProcessingResponse holding only it: sent
     after the rest of the answer, it parses as that answer's metadata (protobuf merges
     concatenated messages). Orders repeat a lot, so encodings are kept (bounded) and no
     request copies a Struct."""
-    key = (clusters, same_target_retries, same_target_wait_s)
+    key = (clusters, same_target_retries, same_target_wait_s, first_event_deadline_s)
     order = _ORDERS.get(key)
     if order is None:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
         holder = ext.ProcessingResponse()
         holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            clusters, same_target_retries, same_target_wait_s)})
+            clusters, same_target_retries, same_target_wait_s, first_event_deadline_s)})
         order = _ORDERS[key] = holder.SerializeToString()
     return order
 
 
 def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0,
-                     same_target_wait_s: float = 0.0) -> dict:
+                     same_target_wait_s: float = 0.0, first_event_deadline_s: int = 0) -> dict:
     """The `sidecar.route` metadata: the priority groups the cluster specifier reads and,
     for a group with `retry_same_target`, how often a held 5xx or 429 may repeat a target
     and the longest `retry-after` of a 429 that may (the hold's Lua and the reply gate
@@ -124,6 +125,8 @@ def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0,
         groups[SAME_TARGET_KEY] = same_target_retries
         if same_target_wait_s:
             groups[SAME_TARGET_WAIT_KEY] = same_target_wait_s
+    if first_event_deadline_s:
+        groups[FIRST_EVENT_DEADLINE_KEY] = first_event_deadline_s
     return groups
 
 
@@ -144,8 +147,10 @@ def order_of(metadata: Metadata) -> AttemptOrder:
         clusters.append(name.string_value)
     repeats = route.fields.get(SAME_TARGET_KEY)
     wait = route.fields.get(SAME_TARGET_WAIT_KEY)
+    deadline = route.fields.get(FIRST_EVENT_DEADLINE_KEY)
     return AttemptOrder(tuple(clusters), int(repeats.number_value) if repeats else 0,
-                        wait.number_value if wait else 0.0)
+                        wait.number_value if wait else 0.0,
+                        deadline.number_value if deadline else 0.0)
 
 
 def _field_number(message: type, name: str) -> int:
@@ -212,8 +217,8 @@ _PIECES_FROM_BYTES = 64 * 1024
 
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
                    body: BodyParts, attempts: tuple[str, ...] | None = None,
-                   same_target_retries: int = 0, same_target_wait_s: float = 0.0
-                   ) -> ext.ProcessingResponse | BodyAnswer:
+                   same_target_retries: int = 0, same_target_wait_s: float = 0.0,
+                   first_event_deadline_s: int = 0) -> ext.ProcessingResponse | BodyAnswer:
     """Answer to a buffered request body: header changes and the new body; with `attempts`,
     also the attempt order, and the route resolved again so the cluster specifier reads it.
 
@@ -226,7 +231,8 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     metadata = b""
     if attempts is not None:
         common.clear_route_cache = True
-        metadata = attempt_order(attempts, same_target_retries, same_target_wait_s)
+        metadata = attempt_order(attempts, same_target_retries, same_target_wait_s,
+                                 first_event_deadline_s)
     if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
         return BodyAnswer(response, (), metadata) if metadata else response
@@ -238,7 +244,7 @@ def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     again (clear_route_cache) so the cluster specifier reads it."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
                           outcome.attempts, outcome.same_target_retries,
-                          outcome.same_target_wait_s)
+                          outcome.same_target_wait_s, outcome.first_event_deadline_s)
 
 
 def continue_response_headers() -> ext.ProcessingResponse:

@@ -84,8 +84,8 @@ class ExternalProcessor:
 class ProcessStream:
     """One ext_proc stream: the gRPC handler interface around `step`."""
 
-    __slots__ = ("_bridge", "_closed", "_gate", "_gateway", "_pending", "_processor", "_route",
-                 "_task")
+    __slots__ = ("_bridge", "_closed", "_gate", "_gateway", "_overdue", "_pending",
+                 "_processor", "_route", "_task")
 
     def __init__(self, processor: ExternalProcessor) -> None:
         self._processor = processor
@@ -96,6 +96,8 @@ class ProcessStream:
         self._gate: UndeclaredLengthGate | FirstEventGate | None = None
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        # A held stream's first-event deadline (gateway/first_event_deadline.py).
+        self._overdue: asyncio.TimerHandle | None = None
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         started = perf_counter()
@@ -112,6 +114,23 @@ class ProcessStream:
         if done:
             call.finish()
             self._close()
+        elif self._overdue is None and isinstance(self._gate, FirstEventGate):
+            deadline = self._gate.deadline_s
+            if deadline:
+                self._overdue = asyncio.get_running_loop().call_later(
+                    deadline, self._first_event_overdue, call)
+
+    def _first_event_overdue(self, call: Call) -> None:
+        """The primary's stream has not sent its first event by its deadline: the held
+        reply becomes a retriable failure, and the router moves the request on."""
+        self._overdue = None
+        gate = self._gate
+        if self._closed or not isinstance(gate, FirstEventGate):
+            return
+        verdict = gate.overdue()
+        _send(call, messages.retry_held_reply(verdict.status, verdict.attempt_order))
+        call.finish()
+        self._close()
 
     def _defer(self, call: Call, outcome: Deferred) -> None:
         """The asynchronous seam: the decision waits in a task while the loop serves every
@@ -154,6 +173,9 @@ class ProcessStream:
         self._close()
 
     def _close(self) -> None:
+        if self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
         if not self._closed:
             self._closed = True
             self._processor._closed()

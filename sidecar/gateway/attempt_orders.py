@@ -36,6 +36,8 @@ class AttemptOrder:
     # The longest `retry-after` of a 429 that still puts the same target next (the
     # group's `wait_for_retry_after_seconds`; Envoy's back-off waits it out).
     same_target_wait_s: float = 0.0
+    # Seconds the first attempt's stream may take to its first event (0: the group's wait).
+    first_event_deadline_s: float = 0.0
 
 
 def retry_after_seconds(value: str | None) -> float | None:

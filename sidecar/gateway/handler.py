@@ -34,6 +34,7 @@ from sidecar.evaluation.shadow import ShadowDecider, shadow_decider
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
+from sidecar.gateway.first_event_deadline import primary_deadline_s
 from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_guard
 from sidecar.gateway.hedging import Hedges
 from sidecar.gateway.outcome import Ask, Forward, LeaseWait, Reply, Retarget, body_size
@@ -313,8 +314,20 @@ class Gateway:
             set_headers.append((USAGE_UNASKED_HEADER, "1"))
         # The caller's other headers went at the header phase (by allowlist).
         repeats = 0 if hedge is not None or stateful else group.fallback.retry_same_target
+        deadline = (self._first_event_deadline(group, ordered[0].label, summary)
+                    if summary.stream and hedge is None and any(
+                        cluster != attempts[0] for cluster in attempts[1:]) else None)
         return Forward(attempts, tuple(set_headers), (), new_body, decision, repeats,
-                       group.fallback.same_target_wait_seconds if repeats else 0.0)
+                       group.fallback.same_target_wait_seconds if repeats else 0.0,
+                       deadline or 0)
+
+    def _first_event_deadline(self, group: ModelGroup, primary: str,
+                              summary: RequestSummary) -> int | None:
+        """The primary's own first-event deadline (gateway/first_event_deadline.py), from
+        its recent time to first byte."""
+        observed = self._observations.get(primary,
+                                          group.dynamic_score.observation_window_seconds)
+        return primary_deadline_s(group.fallback, observed, summary.estimated_input_tokens)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""

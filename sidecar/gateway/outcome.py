@@ -49,6 +49,9 @@ class Forward:
     # ...and the longest `retry-after` of a 429 that still earns it (the group's
     # `wait_for_retry_after_seconds`).
     same_target_wait_s: float = 0.0
+    # Whole seconds the primary's stream may take to its first event before the request
+    # moves on (gateway/first_event_deadline.py); 0: the group's first-token wait.
+    first_event_deadline_s: int = 0
 
     @property
     def body(self) -> bytes:

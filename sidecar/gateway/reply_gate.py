@@ -40,6 +40,8 @@ from sidecar.observe.refusals import is_context_refusal, unrecognised_mark
 from sidecar.observe.reply_reading import Facts, json_reply_facts
 
 MAX_HELD_EVENT_BYTES = 64 * 1024
+# The status a stream still without its first event at its deadline is retried under.
+FIRST_EVENT_OVERDUE_STATUS = 504
 # Envoy sent no attempt order (the gate was not given one): nothing is rewritten.
 NO_ORDER = AttemptOrder()
 
@@ -173,6 +175,18 @@ class FirstEventGate:
         self._held = bytearray()
         self._headers = headers or {}
         self._order = order
+
+    @property
+    def deadline_s(self) -> float:
+        """Seconds this attempt may wait for its first event before it is retried on the
+        next target (0: the group's first-token wait, which the router bounds): the
+        primary's own deadline, set at the decision, for the first attempt only."""
+        return self._order.first_event_deadline_s if _attempt(self._headers) == 1 else 0.0
+
+    def overdue(self) -> Retry:
+        """No first event by the deadline: retried as a gateway timeout, on the next
+        target of the order (a timeout never earns the same target again)."""
+        return Retry(FIRST_EVENT_OVERDUE_STATUS, "first_event_timeout")
 
     def body(self, chunk: bytes, end_of_stream: bool) -> Verdict:
         self._held += chunk

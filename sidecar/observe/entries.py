@@ -63,7 +63,8 @@ def outcome_of(flags: al.ResponseFlags, status: int, answered: bool = False) -> 
         return Outcome.DECODE_ERROR
     if flags.upstream_remote_reset or flags.upstream_connection_termination or flags.local_reset:
         return Outcome.RESET
-    if status == 408:
+    if status in (408, 504):  # a provider's gateway timeout, or a stream's first event
+        # overdue at the reply gate (gateway/first_event_deadline.py)
         return Outcome.UPSTREAM_TIMEOUT
     if status == 429:
         return Outcome.RATE_LIMITED

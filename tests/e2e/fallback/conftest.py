@@ -85,6 +85,16 @@ models:
     targets:
       - {provider: a1, model_ref: a1-sticky, weight: 9}
       - {provider: a2, model_ref: a2-sticky, weight: 1}
+  slow-start:
+    strategy: failover
+    targets:
+      - {provider: s1, model_ref: s1-slowstart}
+      - {provider: s2, model_ref: s2-slowstart}
+  slow-start-cold:
+    strategy: failover
+    targets:
+      - {provider: s1, model_ref: s1-cold}
+      - {provider: s2, model_ref: s2-cold}
   claude-chain:
     strategy: failover
     fallback: {retry_same_target: 0}

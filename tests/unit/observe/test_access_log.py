@@ -54,6 +54,7 @@ def test_timings_and_usage() -> None:
     (403, {}, Outcome.PROVIDER_REJECTED),
     (404, {}, Outcome.PROVIDER_REJECTED),
     (408, {}, Outcome.UPSTREAM_TIMEOUT),
+    (504, {}, Outcome.UPSTREAM_TIMEOUT),  # a gateway timeout, or a first event overdue
     (503, {"upstream_connection_failure": True}, Outcome.CONNECT_FAILURE),
     (503, {"no_healthy_upstream": True}, Outcome.CONNECT_FAILURE),
     (504, {"upstream_request_timeout": True}, Outcome.UPSTREAM_TIMEOUT),
