@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -20,8 +21,35 @@ from pathlib import Path
 from sidecar.devstack.providers import Behaviour, FakeProvider, ProviderServer
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out by itself (outgoing connections, bind to 0)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a process started later. Taken *below* the kernel's
+    ephemeral range: a port from bind(0) could be handed by the kernel to any outgoing
+    connection before its server binds it (a CI run lost a replica's listener that way),
+    one below the range never is. Never the same port twice in this process."""
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12_000)
+    for _ in range(200):
+        port = random.randrange(low, floor)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as sock:  # a crowded range: the kernel's choice after all
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

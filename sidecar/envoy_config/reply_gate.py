@@ -21,7 +21,9 @@ only what it must:
   and the rest of the stream flow natively, or, when that event is an error, rewrites
   `:status` so the router retries the attempt on the next target. No event by the first-
   token deadline: the router's per-try timeout (the sidecar sets it to the deadline for
-  these streams) fires while the headers are still held, and the attempt is retried.
+  these streams) fires while the headers are still held, and the attempt is retried; a
+  first attempt with a deadline of its own (gateway/first_event_deadline.py) is answered
+  as a 504 by the sidecar at that deadline, and retried the same way.
 
 Both are skipped by matchers on the response headers, so a reply of declared length (the
 common case) and, without the opt-in, every stream never open a gRPC stream. Both fail
