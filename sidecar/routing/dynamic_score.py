@@ -175,8 +175,8 @@ class DynamicScore:
         if blend.blended:
             trace.blend = self._blend_trace
 
-        picked = _pinned_or(lambda: rotation_for(indices).pick(indices, blend.final),
-                            request, policy, affinity, indices, trace)
+        pin = _affinity_lookup(request, policy, affinity, indices, trace)
+        picked = pin if pin is not None else rotation_for(indices).pick(indices, blend.final)
         position = indices.index(picked)
         primary = eligible[position]
         ordered = [primary, *(c for c in blend.by_share if c.index != picked),
@@ -190,15 +190,20 @@ class DynamicScore:
             probe, evidence = probing[0]
             if ejections.probe_due(probe.label, now, evidence):
                 # The probe leads; the decision's own order follows as its fallbacks. It
-                # never carries a pinned conversation's turn, and no pin ever points at it
-                # (the pin above is the usual pick).
+                # never carries a pinned conversation's turn. A first turn it carries is
+                # pinned to it (issue 41: the pin records the initially selected primary,
+                # which the probe is): the next turn stays there once it is back, or
+                # moves for a reason its trace names (the target still probing), never
+                # silently to the rotation's pick.
                 trace.probe = probe.label
                 trace.chose(1.0, "probe")
                 attempts = [probe, *(c for c in ordered if c.index != probe.index)]
                 # Chosen with certainty: the probe 1, every other target 0.
                 trace.odds = tuple((c.label, 1.0 if c is probe else 0.0)
                                    for c in (probe, *blend.by_share))
+                _pin_first_turn(request, affinity, probe.index, trace)
                 return attempts
+        _pin_first_turn(request, affinity, picked, trace)
         return ordered
 
     def _blend(self, eligible: list[TargetChoice], indices: tuple[int, ...],
@@ -293,28 +298,37 @@ def _last_resort(floor: list[TargetChoice], candidates: tuple[int, ...]) -> list
     return sorted(rest, key=lambda c: (-c.target.weight, c.index)) if rest else rest
 
 
-def _pinned_or(rotate: Callable[[], int], request: RequestSummary, policy: DynamicScorePolicy,
-               affinity: AffinityStore | None, eligible: Sequence[int],
-               trace: DecisionTrace) -> int:
+def _affinity_lookup(request: RequestSummary, policy: DynamicScorePolicy,
+                     affinity: AffinityStore | None, eligible: Sequence[int],
+                     trace: DecisionTrace) -> int | None:
     """Conversation affinity: a live pin on a still-eligible target wins (the rotation does
-    not advance); otherwise the rotation picks and the pin is created or replaced."""
+    not advance; the pinned index is returned). Otherwise None, with the trace saying why
+    a pin will be created or replaced (`_pin_first_turn`) or why none applies."""
     if not policy.affinity.enabled:
         trace.affinity = AffinityOutcome.DISABLED
-        return rotate()
+        return None
     key = request.conversation_key
     if affinity is None or key is None:
         trace.affinity = AffinityOutcome.NOT_APPLICABLE
-        return rotate()
+        return None
     pinned, expired = affinity.lookup(key)
     if pinned is not None and not expired and pinned in eligible:
         trace.affinity = AffinityOutcome.HIT
         return pinned
-    picked = rotate()
-    affinity.pin(key, picked)  # the initially selected primary, before any upstream result
     trace.affinity = (AffinityOutcome.MISS_CREATED if pinned is None
                       else AffinityOutcome.EXPIRED_REPLACED if expired
                       else AffinityOutcome.INELIGIBLE_REPLACED)
-    return picked
+    return None
+
+
+def _pin_first_turn(request: RequestSummary, affinity: AffinityStore | None, primary: int,
+                    trace: DecisionTrace) -> None:
+    """Create or replace the pin where the lookup said so: to the initially selected
+    primary (the rotation's pick, or the probe that leads), before any upstream result."""
+    if affinity is not None and request.conversation_key is not None and trace.affinity in (
+            AffinityOutcome.MISS_CREATED, AffinityOutcome.EXPIRED_REPLACED,
+            AffinityOutcome.INELIGIBLE_REPLACED):
+        affinity.pin(request.conversation_key, primary)
 
 
 def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,

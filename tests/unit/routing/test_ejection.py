@@ -140,6 +140,41 @@ def test_a_probe_never_carries_a_pinned_conversations_turn() -> None:
     assert [decide(router, view).trace.probe for _ in range(PROBE_INTERVAL)].count(SICK) == 1
 
 
+def test_a_first_turn_a_probe_carries_is_pinned_to_the_probe() -> None:
+    """Issue 41: the pin recorded the rotation's pick while the probe served the first
+    turn, so turn 2 moved to another target with a trace that said `hit`. The probe is the
+    initially selected primary: turn 2 stays with it once it is back, and moves while it is
+    still probing with a trace that says why."""
+    router, clock, view = setup()
+    probing(router, clock, view)
+    for _ in range(PROBE_INTERVAL - 1):
+        decide(router, view)  # the probe is due on the next request
+    turn = request(conversation_key=b"c" * 32)
+    first = router.decide(turn, view)
+    assert isinstance(first, Decision) and first.trace.probe == SICK
+    assert first.trace.affinity == "miss_created"
+    # Still probing: the next turn moves, and its trace names the reason.
+    second = router.decide(turn, view)
+    assert isinstance(second, Decision) and second.primary.label == "p/good"
+    assert second.trace.affinity == "ineligible_replaced"
+    assert (SICK, "thresholds.probing") in second.trace.exclusions
+
+
+def test_a_conversation_a_probe_began_stays_with_the_target_once_it_is_back() -> None:
+    router, clock, view = setup()
+    probing(router, clock, view)
+    for _ in range(PROBE_INTERVAL - 1):
+        decide(router, view)
+    turn = request(conversation_key=b"d" * 32)
+    first = router.decide(turn, view)
+    assert isinstance(first, Decision) and first.trace.probe == SICK
+    view.arrive(SICK, NEEDED)  # its probes' answers: all fine
+    second = router.decide(turn, view)
+    assert isinstance(second, Decision)
+    assert router.ejections("g").health(SICK, clock.now) is Health.IN
+    assert (second.primary.label, second.trace.affinity) == (SICK, "hit")
+
+
 def test_evidence_from_before_probing_does_not_count() -> None:
     router, clock, view = setup()
     decide(router, view)  # ejected
