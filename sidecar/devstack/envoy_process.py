@@ -104,17 +104,25 @@ async def _admin_get(admin: str, path: str) -> tuple[bytes, bytes]:
     return status, rest.partition(b"\r\n\r\n")[2]
 
 
-async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Poll Envoy's admin `/ready` until it answers 200; fail early if Envoy exits."""
+async def _until_ready(address: str, process: subprocess.Popen[bytes],
+                       timeout_s: float) -> bool:
+    """Poll `GET /ready` at `address` until it answers 200 (True) or `timeout_s` passed
+    (False); fail early if Envoy exits."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
         _exited(process)
         with contextlib.suppress(OSError, TimeoutError):
-            status, _ = await _admin_get(admin, "/ready")
+            status, _ = await _admin_get(address, "/ready")
             if b" 200 " in status:
-                return
-        await asyncio.sleep(0.1)
-    raise EnvoyStartError(f"Envoy was not ready within {timeout_s:.0f}s (admin {admin})")
+                return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def wait_until_ready(admin: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll Envoy's admin `/ready` until it answers 200; fail early if Envoy exits."""
+    if not await _until_ready(admin, process, timeout_s):
+        raise EnvoyStartError(f"Envoy was not ready within {timeout_s:.0f}s (admin {admin})")
 
 
 async def wait_until_listening(admin: str, listen: str, process: subprocess.Popen[bytes],
@@ -150,17 +158,10 @@ async def wait_until_serving(listen: str, process: subprocess.Popen[bytes],
     # a wildcard listener is asked on loopback
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        _exited(process)
-        with contextlib.suppress(OSError, TimeoutError):
-            status, _ = await _admin_get(address, "/ready")
-            if b" 200 " in status:
-                return
-        await asyncio.sleep(0.05)
-    raise EnvoyStartError(f"the client listener {listen} did not answer GET /ready with 200 "
-                          f"within {timeout_s:.0f}s: Envoy's health checks of the sidecar "
-                          "have not passed (see the sidecar's log)")
+    if not await _until_ready(address, process, timeout_s):
+        raise EnvoyStartError(f"the client listener {listen} did not answer GET /ready with "
+                              f"200 within {timeout_s:.0f}s: Envoy's health checks of the "
+                              "sidecar have not passed (see the sidecar's log)")
 
 
 def _exited(process: subprocess.Popen[bytes]) -> None:
