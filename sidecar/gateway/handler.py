@@ -17,7 +17,7 @@ from sidecar.cache.keys import cache_directives
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
 from sidecar.dialects import errors
-from sidecar.dialects.apis import CALLER_PATHS, DEFAULT_ANTHROPIC_VERSION, Dialect
+from sidecar.dialects.apis import CALLER_PATHS, Dialect
 from sidecar.dialects.body import BodyError, ParsedBody, parse_body
 from sidecar.dialects.conversation import conversation_key
 from sidecar.dialects.errors import ClientError
@@ -28,14 +28,13 @@ from sidecar.envoy_contract import (
     CALLER_API_HEADER,
     GENERATION_HEADER,
     SESSION_KEY_HEADER,
-    USAGE_UNASKED_HEADER,
 )
 from sidecar.evaluation.shadow import ShadowDecider, shadow_decider
 from sidecar.external.client import ExternalCalls
 from sidecar.gateway.bridging import BridgeAttempt, bridge_refusal
 from sidecar.gateway.decision_log import log_decision
-from sidecar.gateway.first_event_deadline import primary_deadline_s
-from sidecar.gateway.guards import PROVIDER_STATE_KEYS, CacheVisit, cache_visit, quota_guard
+from sidecar.gateway.forwarding import MAX_RETRIES_HEADER, forward_decision
+from sidecar.gateway.guards import CacheVisit, cache_visit, quota_guard
 from sidecar.gateway.hedging import Hedges
 from sidecar.gateway.outcome import Ask, Forward, LeaseWait, Reply, Retarget, body_size
 from sidecar.gateway.pending import Pending
@@ -65,7 +64,6 @@ _limited = LogLimiter(log, burst=10, interval=60.0)
 
 # An explicit stateful-session marker: such requests keep out of conversation affinity.
 SESSION_HEADER = "x-session-id"
-MAX_RETRIES_HEADER = "x-envoy-max-retries"
 _MODELS_PATH = "/v1/models"
 # Configurations before the current one whose clusters a retry may still name.
 RETIRED_KEPT = 2
@@ -243,7 +241,6 @@ class Gateway:
                  cache: CacheVisit | None) -> Reply | Forward:
         runtime = pending.runtime or self._runtime
         anthropic = pending.dialect.is_anthropic
-        payload = parsed.payload
         decision = runtime.router.decide(summary, self._observations, external)
         if self.external is not None and decision.trace.external is not None:
             self.external.outcomes[(model, decision.trace.external)] += 1
@@ -268,66 +265,10 @@ class Gateway:
 
         if session:
             return self._session_forward(pending, model, parsed, decision)
-        routes = runtime.routes
-        # A Responses request that continues a stored response or conversation lives at one
-        # provider: another target has no such id, so it gets no fallback.
-        stateful = any(payload.get(key) is not None for key in PROVIDER_STATE_KEYS)
-        slot = cache.slot if cache is not None else None
-        cache_routes = runtime.cache_routes if slot else {}
-        ordered = (decision.ordered[:1] if stateful
-                   else group.fallback.attempt_order(decision.ordered))
-        chosen = [cache_routes.get((model, choice.index, pending.dialect))
-                  or routes[(model, choice.index, pending.dialect)] for choice in ordered]
-        attempts = tuple(target.cluster for target in chosen)
-        # A request decided under a configuration a reload replaced is not hedged: its
-        # pair clusters may be gone.
-        hedge = (self.hedges.plan(runtime, model, decision.ordered, pending.dialect,
-                                  summary.stream, self._observations)
-                 if model in self.hedges and not stateful and not slot
-                 and runtime is self._runtime else None)
-        if hedge is not None:  # docs/hedging.md
-            attempts = (hedge.cluster, hedge.cluster)
-        route = chosen[0]
-        # A Chat stream's usage is not left to the caller: asked for here, and taken back
-        # out of its stream by Envoy (envoy_config/unasked_usage.py).
-        ask_usage = (summary.stream and pending.dialect is Dialect.OPENAI_CHAT
-                     and runtime.config.observations.enabled and not parsed.usage_asked())
-        new_body = parsed.model_replaced(route.model_ref, ask_usage)
-        set_headers = [
-            (":path", route.path),
-            ("content-length", str(body_size(new_body))),
-            # Retries walk `attempts`; never more of them than there are targets left.
-            (MAX_RETRIES_HEADER, str(len(attempts) - 1)),
-            *(hedge.headers if hedge is not None else _attempt_headers(
-                runtime, model, summary.stream,
-                lone=group.fallback.retries_lone_target(len(decision.ordered))
-                and not stateful)),
-            (GENERATION_HEADER, runtime.generation),
-        ]
-        if anthropic and not pending.has_anthropic_version:
-            set_headers.append(("anthropic-version", DEFAULT_ANTHROPIC_VERSION))
-        if group.bridges:  # a retry after a bridged attempt cannot read it from the path
-            set_headers.append((CALLER_API_HEADER, pending.dialect.value))
-        if slot:
-            set_headers.append((CACHE_SLOT_HEADER, slot))
-        if ask_usage:
-            set_headers.append((USAGE_UNASKED_HEADER, "1"))
-        # The caller's other headers went at the header phase (by allowlist).
-        repeats = 0 if hedge is not None or stateful else group.fallback.retry_same_target
-        deadline = (self._first_event_deadline(group, ordered[0].label, summary)
-                    if summary.stream and hedge is None and any(
-                        cluster != attempts[0] for cluster in attempts[1:]) else None)
-        return Forward(attempts, tuple(set_headers), (), new_body, decision, repeats,
-                       group.fallback.same_target_wait_seconds if repeats else 0.0,
-                       deadline or 0)
-
-    def _first_event_deadline(self, group: ModelGroup, primary: str,
-                              summary: RequestSummary) -> int | None:
-        """The primary's own first-event deadline (gateway/first_event_deadline.py), from
-        its recent time to first byte."""
-        observed = self._observations.get(primary,
-                                          group.dynamic_score.observation_window_seconds)
-        return primary_deadline_s(group.fallback, observed, summary.estimated_input_tokens)
+        hedges = self.hedges if runtime is self._runtime else None
+        return forward_decision(runtime, model, group, pending, parsed, summary, decision,
+                                cache.slot if cache is not None else None, hedges,
+                                self._observations)
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""
@@ -430,15 +371,6 @@ def _presented_token(headers: Mapping[str, str]) -> str | None:
         return value.strip()
     api_key = headers.get("x-api-key", "").strip()
     return api_key or None
-
-
-def _attempt_headers(runtime: Runtime, model: str, stream: bool, lone: bool
-                     ) -> tuple[tuple[str, str], ...]:
-    """The group's router headers: its time bounds and route (runtime.py)."""
-    if lone:
-        return (runtime.lone_stream_attempt_headers if stream
-                else runtime.lone_attempt_headers)[model]
-    return (runtime.stream_attempt_headers if stream else runtime.attempt_headers)[model]
 
 
 def _retry_refused(exc: RetargetError, path: str) -> Reply:
