@@ -167,6 +167,11 @@ def test_serve_drains_while_envoy_is_there_and_ends_once_it_has_gone(
                 except openai.APIError:
                     assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
                     time.sleep(0.2)
+            # Ready once Envoy's first passing health check of the sidecar is in (a request
+            # can be routed before that: a CI run on a loaded machine read a 503 here).
+            while httpx.get(f"http://{listen}/ready", timeout=5).status_code != 200:
+                assert time.monotonic() < deadline, "/ready never answered 200"
+                time.sleep(0.05)
             received: list[str] = []
             first = threading.Event()
             failure: list[BaseException] = []
