@@ -89,44 +89,40 @@ def immediate(reply: Reply) -> ext.ProcessingResponse:
     return response
 
 
-_ORDERS: dict[tuple[tuple[str, ...], int, float], bytes] = {}
+_ORDERS: dict[AttemptOrder, bytes] = {}
 _ORDERS_MAX = 4096
 
 
-def attempt_order(clusters: tuple[str, ...], same_target_retries: int = 0,
-                  same_target_wait_s: float = 0.0, first_event_deadline_s: int = 0) -> bytes:
+def attempt_order(order: AttemptOrder) -> bytes:
     """Dynamic metadata for Envoy's priority-group cluster specifier (one group per attempt,
     one cluster per group), as the encoding of a ProcessingResponse holding only it: sent
     after the rest of the answer, it parses as that answer's metadata (protobuf merges
     concatenated messages). Orders repeat a lot, so encodings are kept (bounded) and no
     request copies a Struct."""
-    key = (clusters, same_target_retries, same_target_wait_s, first_event_deadline_s)
-    order = _ORDERS.get(key)
-    if order is None:
+    encoded = _ORDERS.get(order)
+    if encoded is None:
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
         holder = ext.ProcessingResponse()
-        holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            clusters, same_target_retries, same_target_wait_s, first_event_deadline_s)})
-        order = _ORDERS[key] = holder.SerializeToString()
-    return order
+        holder.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(order)})
+        encoded = _ORDERS[order] = holder.SerializeToString()
+    return encoded
 
 
-def _priority_groups(clusters: Iterable[str], same_target_retries: int = 0,
-                     same_target_wait_s: float = 0.0, first_event_deadline_s: int = 0) -> dict:
+def _priority_groups(order: AttemptOrder) -> dict:
     """The `sidecar.route` metadata: the priority groups the cluster specifier reads and,
     for a group with `retry_same_target`, how often a held 5xx or 429 may repeat a target
     and the longest `retry-after` of a 429 that may (the hold's Lua and the reply gate
     read them)."""
     groups: dict = {"priority_groups": [
         {"name": f"attempt{n}", "clusters": [{"cluster_name": cluster, "weight": 1}]}
-        for n, cluster in enumerate(clusters, 1)]}
-    if same_target_retries:
-        groups[SAME_TARGET_KEY] = same_target_retries
-        if same_target_wait_s:
-            groups[SAME_TARGET_WAIT_KEY] = same_target_wait_s
-    if first_event_deadline_s:
-        groups[FIRST_EVENT_DEADLINE_KEY] = first_event_deadline_s
+        for n, cluster in enumerate(order.clusters, 1)]}
+    if order.same_target_retries:
+        groups[SAME_TARGET_KEY] = order.same_target_retries
+        if order.same_target_wait_s:
+            groups[SAME_TARGET_WAIT_KEY] = order.same_target_wait_s
+    if order.first_event_deadline_s:
+        groups[FIRST_EVENT_DEADLINE_KEY] = order.first_event_deadline_s
     return groups
 
 
@@ -216,10 +212,9 @@ _PIECES_FROM_BYTES = 64 * 1024
 
 
 def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Iterable[str],
-                   body: BodyParts, attempts: tuple[str, ...] | None = None,
-                   same_target_retries: int = 0, same_target_wait_s: float = 0.0,
-                   first_event_deadline_s: int = 0) -> ext.ProcessingResponse | BodyAnswer:
-    """Answer to a buffered request body: header changes and the new body; with `attempts`,
+                   body: BodyParts, order: AttemptOrder | None = None
+                   ) -> ext.ProcessingResponse | BodyAnswer:
+    """Answer to a buffered request body: header changes and the new body; with `order`,
     also the attempt order, and the route resolved again so the cluster specifier reads it.
 
     Built by assigning into nested fields: passing a sub-message to a constructor copies it
@@ -229,10 +224,9 @@ def _body_response(set_headers: Iterable[tuple[str, str]], remove_headers: Itera
     _add_sets(common.header_mutation.set_headers, set_headers)
     common.header_mutation.remove_headers.extend(remove_headers)
     metadata = b""
-    if attempts is not None:
+    if order is not None:
         common.clear_route_cache = True
-        metadata = attempt_order(attempts, same_target_retries, same_target_wait_s,
-                                 first_event_deadline_s)
+        metadata = attempt_order(order)
     if body_size(body) < _PIECES_FROM_BYTES:
         common.body_mutation.body = b"".join(body)
         return BodyAnswer(response, (), metadata) if metadata else response
@@ -243,8 +237,9 @@ def forward(outcome: Forward) -> ext.ProcessingResponse | BodyAnswer:
     """Rewrite for the primary and hand Envoy the attempt order; the route is resolved
     again (clear_route_cache) so the cluster specifier reads it."""
     return _body_response(outcome.set_headers, outcome.remove_headers, outcome.body_parts,
-                          outcome.attempts, outcome.same_target_retries,
-                          outcome.same_target_wait_s, outcome.first_event_deadline_s)
+                          AttemptOrder(outcome.attempts, outcome.same_target_retries,
+                                       outcome.same_target_wait_s,
+                                       outcome.first_event_deadline_s))
 
 
 def continue_response_headers() -> ext.ProcessingResponse:
@@ -264,9 +259,7 @@ def release_body(facts: Mapping[str, float | str],
         response.dynamic_metadata.update({USAGE_NAMESPACE: dict(facts)})
     if attempt_order is not None:
         # A refusal, a 5xx or a 429: the order of the router's next attempts.
-        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            attempt_order.clusters, attempt_order.same_target_retries,
-            attempt_order.same_target_wait_s)})
+        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(attempt_order)})
     return response
 
 
@@ -278,9 +271,7 @@ def retry_held_reply(status: int, attempt_order: AttemptOrder | None = None
     _add_sets(response.response_headers.response.header_mutation.set_headers,
               ((":status", str(status)),))
     if attempt_order is not None:
-        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(
-            attempt_order.clusters, attempt_order.same_target_retries,
-            attempt_order.same_target_wait_s)})
+        response.dynamic_metadata.update({ROUTE_NAMESPACE: _priority_groups(attempt_order)})
     return response
 
 

@@ -16,6 +16,7 @@ from sidecar.config import load_config_text
 from sidecar.extproc import messages
 from sidecar.extproc.processor import ExternalProcessor
 from sidecar.gateway import Gateway, Runtime
+from sidecar.gateway.attempt_orders import AttemptOrder
 
 TOKEN = "tok"
 CONFIG = load_config_text(f"""
@@ -172,7 +173,7 @@ def test_a_body_answer_on_the_wire_is_the_message_with_the_body_inside() -> None
     small = gateway.on_body(pending, b'{"model": "g"}')
     message, order = messages.forward(small).wire_parts()  # body inside, then the order
     assert b'"g"' not in message and order == messages.attempt_order(
-        small.attempts, small.same_target_retries, small.same_target_wait_s)
+        AttemptOrder(small.attempts, small.same_target_retries, small.same_target_wait_s))
     ordinary = ext.ProcessingResponse()
     ordinary.CopyFrom(answer.response)
     ordinary.dynamic_metadata.update({"sidecar.route": {"priority_groups": [

@@ -45,7 +45,8 @@ def test_no_deadline_without_evidence_or_where_the_operator_decided() -> None:
 
 
 def _order_back(deadline: int) -> AttemptOrder:
-    response = ext.ProcessingResponse.FromString(attempt_order(("a", "b"), 1, 2.0, deadline))
+    response = ext.ProcessingResponse.FromString(attempt_order(
+        AttemptOrder(("a", "b"), 1, 2.0, deadline)))
     metadata = Metadata()
     metadata.filter_metadata[ROUTE_NAMESPACE].CopyFrom(
         response.dynamic_metadata.fields[ROUTE_NAMESPACE].struct_value)
