@@ -124,7 +124,10 @@ class DynamicScore:
         window = policy.observation_window_seconds
         # Ejection state matters only while some target is ejected, probing or just back.
         active = ejections if ejections is not None and not ejections.idle else None
-        now = active.now() if active is not None else 0.0
+        now = 0.0
+        if active is not None:
+            now = active.now()
+            active.decided()
         observed = {c.index: observations.get(c.label, window) for c in eligible}
         if active is not None:  # a re-entered target is judged by what it did since
             for c in eligible:
@@ -336,8 +339,8 @@ def _apply_ejections(eligible: list[TargetChoice], policy: DynamicScorePolicy,
                      ejections: Ejections, now: float, trace: DecisionTrace,
                      ) -> tuple[list[TargetChoice], list[tuple[TargetChoice, int]]]:
     """Ejected targets are out; probing ones are out but may be probed (with the count of
-    their evidence so far): ejected again once the probes show a threshold broken with
-    confidence, back once they show every threshold kept with confidence (at least
+    their evidence so far): ejected again once the probes estimate a threshold broken
+    (futility, issue 41), back once they show every threshold kept with confidence (at least
     PROBE_SUCCESSES of them; routing/ejection.py), and judged from then on by what they did
     since probing began. If this would leave no candidate, everyone stays (availability
     first)."""

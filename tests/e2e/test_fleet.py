@@ -4,6 +4,8 @@ Debian's HAProxy, round-robin, health-checking each replica's `GET /ready`.
 
 - A target one replica ejects is ejected by the other two within a round or two, and
   their observations hold the evidence the first one saw.
+- A drained target that stays sick gets each replica's probes only within PROBE_SHARE of
+  that replica's decisions (issue 41: the fleet sent it 6-10 %).
 - Conversations stay on their first turn's target whichever replica serves a follow-up
   (round-robin: without shared pins about half would move).
 - A Chat-to-Responses session goes on, turn after turn, on whichever replica serves it.
@@ -29,6 +31,8 @@ import pytest
 
 from sidecar.devstack.harness import ProviderThread, UpProcess, free_port
 from sidecar.devstack.providers import Behaviour, FakeProvider
+from sidecar.routing.ejection import PROBE_SHARE
+from tests.e2e.drained import GROUP_YAML, probing_rounds, sick_share_after_drain
 from tests.e2e.test_rolling_restart import HAPROXY, HAPROXY_BIN
 from tests.postgres_server import fresh_database
 from tests.redis_server import redis_server
@@ -37,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     HAPROXY_BIN is None, reason="HAProxy is not installed (.ci/services installs Debian's)")]
 TOKEN, LIMITED, BURSTY = "fleet-caller-token", "fleet-limited-token", "fleet-bursty-token"
 QUOTA, BURST_QUOTA = 20, 200
-PROVIDERS = ("alpha", "beta", "gamma", "delta", "resp")
+PROVIDERS = ("alpha", "beta", "gamma", "delta", "resp", "cheap", "dear")
 CONFIG = """\
 providers:
 {providers}
@@ -75,7 +79,7 @@ models:
       dynamic_score:
         observation_window_seconds: 60
         affinity: {{ttl_seconds: 600}}
-"""
+{drained}"""
 
 
 @dataclass
@@ -135,8 +139,9 @@ def fleet(tmp_path_factory, postgres_admin_dsn: str) -> Iterator[Fleet]:
         config.write_text(CONFIG.format(
             providers="\n".join(lines), digest=hashlib.sha256(TOKEN.encode()).hexdigest(),
             limited=hashlib.sha256(LIMITED.encode()).hexdigest(), quota=QUOTA,
-            bursty=hashlib.sha256(BURSTY.encode()).hexdigest(), burst_quota=BURST_QUOTA))
-        replicas = [UpProcess(["--config", str(config), "--replica", f"r{i}"],
+            bursty=hashlib.sha256(BURSTY.encode()).hexdigest(), burst_quota=BURST_QUOTA,
+            drained=GROUP_YAML.format(cheap="cheap", dear="dear")))
+        replicas = [UpProcess(["--config", str(config), "--replica", f"r{i}", "--log-decisions"],
                               env={"FLEET_REDIS": redis.url, "FLEET_DSN": dsn},
                               log_path=tmp / f"r{i}.log")
                     for i in range(3)]
@@ -189,6 +194,32 @@ def test_a_target_ejected_by_one_replica_is_ejected_by_all(fleet: Fleet) -> None
         assert len(fleet.providers["beta"].received) - before <= 4
     finally:
         fleet.providers["beta"].behaviour = Behaviour()
+
+
+def test_a_drained_target_gets_its_probe_share_and_no_more_from_the_fleet(
+        fleet: Fleet) -> None:
+    """Issue 41: three replicas sharing observations and ejections through Redis sent a
+    drained, still sick target 6-10 % of their traffic. Each replica's probes
+    stay within PROBE_SHARE of its own decisions since the target left, so the fleet's do
+    of the fleet's."""
+    # Each replica in turn, as a balancer spreads requests (HAProxy's round-robin spreads
+    # connections, and the sender keeps a few open).
+    share = sick_share_after_drain(
+        fleet.providers["cheap"], fleet.providers["dear"],
+        [up.listen_port for up in fleet.replicas], TOKEN,
+        lambda: all(fleet.metric(up, "ejected_targets", 'group="drained"') == 1.0
+                    for up in fleet.replicas), 1_200, 30.0)
+    print(f"three replicas: {share} ({100 * share.share:.2f} %)")
+    assert share.failed == 0
+    probed = 0
+    for up in fleet.replicas:
+        assert up.log_path is not None
+        rounds, probes, decisions = probing_rounds(up.log_path, "drained", "cheap/cheap-m")
+        print(f"  {up.log_path.name}: rounds {rounds}; {probes} probes in {decisions}")
+        probed += bool(rounds)
+        for spent, since in rounds:
+            assert spent <= PROBE_SHARE * since + 1, (up.log_path.name, rounds)
+    assert probed, "no replica ever probed it"
 
 
 def test_follow_up_turns_keep_their_target_through_round_robin(fleet: Fleet) -> None:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import random
 
 from sidecar.routing.decision import Decision
-from sidecar.routing.ejection import PROBE_INTERVAL, PROBE_SUCCESSES, Health, probe_pace
+from sidecar.routing.ejection import (
+    PROBE_INTERVAL,
+    PROBE_SHARE,
+    PROBE_SUCCESSES,
+    Health,
+    probe_pace,
+)
 from sidecar.routing.observations import TargetObservations
 from sidecar.routing.router import Router
 from sidecar.routing.thresholds import clean_answers_needed
@@ -119,6 +125,10 @@ def test_one_probe_at_a_time_in_one_decision_in_probe_interval_never_pinned() ->
     assert (SICK, "thresholds.ejected") in decide(router, view).trace.exclusions
     view.arrive(SICK, 1, error_rate=1.0)  # the late answer
     clock.now += ejections.max_seconds + 0.5
+    # Out until its one probe is paid for (issue 41): PROBE_SHARE of the decisions since
+    # it left, however long ago that was.
+    held = [decide(router, view).trace.probe for _ in range(round(1 / PROBE_SHARE) - 102)]
+    assert set(held) == {None}
     assert [decide(router, view).trace.probe for _ in range(PROBE_INTERVAL)].count(SICK) == 1
     # A good answer arrives: probes go at the faster pace it earned, as many as may be in
     # flight, and wait again.
