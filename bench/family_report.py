@@ -126,3 +126,8 @@ def show(value: float, unit: str) -> str:
     if unit == "w":
         return f"{value:.2f}"
     return f"{value:+.0f}"
+
+
+def goal_text(goal: Goal) -> str:
+    sign = "≥" if goal.better == "high" else "≤"
+    return f"{sign} {show(goal.median, goal.unit)} / {sign} {show(goal.worst, goal.unit)}"

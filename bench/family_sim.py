@@ -7,7 +7,10 @@ providers and the network are simulated, from the member's profiles: time to the
 token (log-normal around the profile's median), generation at the profile's tokens per
 second, failures as 503s or 429s with `retry-after`. A request is decided when it arrives,
 then tried along its decision's attempt order (`fallback.attempt_order`: at most
-`max_attempts`, 3) until one attempt succeeds, as Envoy's retries do; every attempt is
+`max_attempts`, 3) until one attempt succeeds, as Envoy's retries do; a 503, or a 429
+whose `retry-after` the group waits out (after that wait), puts the same target next as
+the stack's reply gate does (`order_after_failure`, `retry_same_target`; issue 41: left
+out, the simulator under-counted a sick target's attempts by a third); every attempt is
 observed when it ends, as the access log reports it. Unary replies send their first byte
 once generated (their generation is inside their time to first byte), streams with their
 first token.
@@ -35,6 +38,7 @@ from family_workloads import AGENT, CHAT, TURNS, Job, Member, Profile, arrivals
 
 from sidecar.config.loading import load_config_data
 from sidecar.dialects.apis import Dialect
+from sidecar.gateway.attempt_orders import earns_same_target, order_after_failure
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
 from sidecar.routing.decision import Decision
@@ -76,6 +80,11 @@ def spec_policy(window: int, basis: str | None) -> dict:
 
 def group_config(member: Member, strategy: str, window: int):  # type: ignore[no-untyped-def]
     """`strategy`: weighted, dynamic_score, or dynamic_score@<latency basis>."""
+    return load_config_data(config_data(member, strategy, window))
+
+
+def config_data(member: Member, strategy: str, window: int) -> dict:
+    """The member's configuration as data (family_stack.py fills in real addresses)."""
     name, _, basis = strategy.partition("@")
     targets = [{"provider": slot, "model_ref": profile.kind, "weight": weight,
                 "tags": (["validated", "tool_capable"] if profile.validated
@@ -91,7 +100,7 @@ def group_config(member: Member, strategy: str, window: int):  # type: ignore[no
             "models": {GROUP: {"strategy": name, "targets": targets,
                                "routing_policy": {"dynamic_score":
                                                   spec_policy(window, basis or None)}}}}
-    return load_config_data(data)
+    return data
 
 
 @dataclass
@@ -132,7 +141,11 @@ class _Clock:
 
 
 class Simulation:
-    def __init__(self, member: Member, strategy: str, window: int, rate: float) -> None:
+    def __init__(self, member: Member, strategy: str, window: int, rate: float,
+                 noise: int = 0) -> None:
+        """`noise`: another draw of the providers' chance and the users' pauses on the same
+        member and arrivals (0: the draw the committed figures used); what one run of the
+        real stack may land on is the spread over draws (routing_stack_family.py)."""
         self.member = member
         self.clock = _Clock()
         config = group_config(member, strategy, window)
@@ -140,8 +153,9 @@ class Simulation:
         self.router = Router(config, clock=self.clock, wall_clock=self.clock)
         self.fallback = config.models[GROUP].fallback  # the shipped attempt order
         self.profiles = {slot: profile for slot, profile, _ in member.targets}
-        self.chance = random.Random(member.seed * 104_729 + zlib.crc32(strategy.encode()))
-        self.outcome_chance = random.Random(member.seed * 15_485_863)
+        self.chance = random.Random(member.seed * 104_729 + zlib.crc32(strategy.encode())
+                                    + noise * 7_919)
+        self.outcome_chance = random.Random(member.seed * 15_485_863 + noise * 6_700_417)
         self.phases, total = phases(window)
         self.jobs = arrivals(member.seed, member.mix, total, rate)
         self.events: list[tuple[float, int, Callable[[], None]]] = []
@@ -205,7 +219,15 @@ class Simulation:
                 output_tokens=None if failed else tokens, streamed=job.stream,
                 failed_over=more))
             if more:
-                self.attempt(order, index + 1, context, lone)
+                status = 429 if outcome is Outcome.RATE_LIMITED else 503
+                wait = self.fallback.same_target_wait_seconds
+                after = order
+                if not lone and earns_same_target(status, retry_after or None, wait):
+                    after = list(order_after_failure(order, index + 1,
+                                                     self.fallback.retry_same_target))
+                delay = retry_after if after[index + 1] == slot and retry_after else 0.0
+                self.at(self.clock.now + delay,
+                        lambda: self.attempt(after, index + 1, context, lone))
                 return
             _, turn, start, primary, complexity, forced, probe, prompt = context
             cost = 0.0 if failed else (len(prompt) / 4 * profile.input_per_mtok
@@ -258,5 +280,6 @@ class Simulation:
                     lambda: self.request(job, turn + 1, follow, primary))
 
 
-def simulate(member: Member, strategy: str, window: int = 30, rate: float = 8.0) -> Run:
-    return Simulation(member, strategy, window, rate).simulate()
+def simulate(member: Member, strategy: str, window: int = 30, rate: float = 8.0,
+             noise: int = 0) -> Run:
+    return Simulation(member, strategy, window, rate, noise).simulate()

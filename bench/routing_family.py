@@ -10,7 +10,7 @@ import multiprocessing
 import time
 from collections.abc import Sequence
 
-from family_report import GOALS, Figures, figures, per_seed, show, summary
+from family_report import GOALS, Figures, figures, goal_text, per_seed, show, summary
 from family_sim import PHASE_WINDOWS, simulate
 from family_workloads import member
 
@@ -44,7 +44,7 @@ def family_report(results: dict[tuple[int, str], Figures], seeds: Sequence[int],
         lines += [f"## `{strategy}`", "", "| figure | goal (median / worst decile) | median "
                   "| worst decile | met |", "| --- | --- | ---: | ---: | --- |"]
         for goal, median, worst, met in summary(rows):
-            lines.append(f"| {goal.name} | {_goal(goal)} | {show(median, goal.unit)} | "
+            lines.append(f"| {goal.name} | {goal_text(goal)} | {show(median, goal.unit)} | "
                          f"{show(worst, goal.unit)} | {'yes' if met else '**no**'} |")
         lines += ["", "Per seed:", "", "| seed | member | " + " | ".join(g.name for g in GOALS)
                   + " |", "| ---: | --- |" + " ---: |" * len(GOALS)]
@@ -53,11 +53,6 @@ def family_report(results: dict[tuple[int, str], Figures], seeds: Sequence[int],
             lines.append(f"| {seed} | {member(seed).name} | {cells} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _goal(goal) -> str:  # type: ignore[no-untyped-def]
-    sign = "≥" if goal.better == "high" else "≤"
-    return f"{sign} {show(goal.median, goal.unit)} / {sign} {show(goal.worst, goal.unit)}"
 
 
 def main_family(seeds: int, strategies: Sequence[str], window: int, rate: float,

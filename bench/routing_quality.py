@@ -10,7 +10,15 @@ against `weighted`, beside the goals (bench/routing_family.py). Minutes, not hou
       [--strategies dynamic_score,dynamic_score@work_normalized] [--workers 2]
       [--output bench/results/routing_family.md]
 
-Without `--family`: one workload through the real stack, as follows (how the simulation is
+`--stack-family` (issue 41): family members through the real stack, `weighted` and
+`dynamic_score` side by side, with the simulator's figures for the same members beside
+them (bench/routing_stack_family.py); 8 windows per member (4 minutes at a 30 s window):
+
+  .venv/bin/python bench/routing_quality.py --stack-family --seed-list 0,3,6,9
+      [--window 30] [--rate 8] [--output bench/results/routing_stack_family.md]
+      [--raw bench/results/routing_stack_family.json]
+
+Without either: one workload through the real stack, as follows (how the simulation is
 checked against real Envoy).
 
 For each strategy, a fresh stack (`sidecar up` with real Envoy and the real sidecar) in
@@ -199,7 +207,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--family", action="store_true",
                         help="the family of workloads, simulated on the routing core")
-    parser.add_argument("--seeds", type=int, default=24, help="--family: how many members")
+    parser.add_argument("--stack-family", action="store_true",
+                        help="family members through the real stack, beside the simulator")
+    parser.add_argument("--seeds", type=int, default=24,
+                        help="--family: how many members (--stack-family: 4)")
+    parser.add_argument("--seed-list", help="--stack-family: these members (e.g. 0,3,6)")
     parser.add_argument("--workers", type=int, default=2, help="--family: processes")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second")
@@ -211,7 +223,9 @@ def main() -> None:
                         help="comma-separated; dynamic_score@work_normalized (or "
                              "@observed_p95, the default) picks the latency basis")
     parser.add_argument("--output", type=Path)
-    parser.add_argument("--raw", type=Path, help="also write every result as JSON lines")
+    parser.add_argument("--raw", type=Path,
+                        help="also write every result as JSON lines (--stack-family: the "
+                             "stack's figures per member, reused where present)")
     parser.add_argument("--logs", type=Path,
                         help="keep each stack's log here, with every decision logged")
     args = parser.parse_args()
@@ -222,6 +236,20 @@ def main() -> None:
             strategies = ["dynamic_score", "dynamic_score@work_normalized"]
         text = main_family(args.seeds, strategies, args.window or 600, args.rate,
                            args.workers)
+        print(text)
+        if args.output:
+            args.output.write_text(text)
+        return
+    if args.stack_family:
+        from routing_stack_family import stack_family
+        seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
+                 else list(range(4 if args.seeds == 24 else args.seeds)))
+        strategy = next(s for s in args.strategies.split(",") if s != "weighted")
+        with tempfile.TemporaryDirectory(prefix="stack-family-") as tmp:
+            workdir = args.logs or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            text = stack_family(seeds, strategy, args.window or 30, args.rate, workdir,
+                                args.raw)
         print(text)
         if args.output:
             args.output.write_text(text)

@@ -114,6 +114,14 @@ class Behaviour:
     # replies wait for it, streams space their events by it).
     error_rate: float = 0.0
     error_status: int = 503
+    # Headers on those injected failures only: a 429's `retry-after` (RFC 9110 §10.2.3;
+    # platform.openai.com/docs/guides/rate-limits and docs.anthropic.com/en/api/rate-limits
+    # send it with the 429, not with every answer).
+    error_headers: tuple[tuple[str, str], ...] = ()
+    # How long an injected failure takes to come (None: the reply's latency, as before). A
+    # provider's 429 comes at once, a 503 before any generation: the routing benchmark's
+    # simulator answers them so (bench/family_sim.py), and so the stack's run must.
+    error_latency_s: float | None = None
     latency_spread: float = 0.0
     tokens_per_s: float | None = None
     reply_words: Callable[[dict[str, Any]], int] | None = None
@@ -220,6 +228,10 @@ class ProviderServer:
             latency *= provider.rng.lognormvariate(0.0, behaviour.latency_spread)
         if behaviour.slow_start_share and provider.rng.random() < behaviour.slow_start_share:
             latency += behaviour.slow_start_s
+        failing = None
+        if behaviour.error_latency_s is not None:  # the failure is known before the wait
+            failing = bool(behaviour.error_rate) and provider.rng.random() < behaviour.error_rate
+            latency = behaviour.error_latency_s if failing else latency
         if latency:
             await asyncio.sleep(latency)
         if behaviour.reset_connection:
@@ -232,8 +244,10 @@ class ProviderServer:
         status = behaviour.status
         if behaviour.fail_first and provider.served > behaviour.fail_first:
             status = None
-        if behaviour.error_rate and provider.rng.random() < behaviour.error_rate:
+        if failing if failing is not None else (
+                behaviour.error_rate and provider.rng.random() < behaviour.error_rate):
             status = behaviour.error_status
+            headers = (*headers, *behaviour.error_headers)
         if status is not None and status != 200:
             await wire.respond(status, behaviour.error_body or error(status, "injected failure"),
                           chunked=chunked, headers=headers)

@@ -1,0 +1,124 @@
+"""`routing_quality.py --stack-family` (issue 41): family members through the real stack
+(family_stack.py), `weighted` and `dynamic_score` side by side on the same arrivals, with
+the simulator's figures for the same members beside them (family_sim.py), per seed and as
+the median and the worst decile against the goals (family_report.py).
+
+One stack run is one draw of chance (the providers' errors and latencies, Envoy's timing),
+so it is set against the simulator's range over DRAWS draws of the same member: where the
+stack falls outside it, the simulator leaves something out (docs/routing-under-drift.md §9).
+
+The two strategies of a member run at the same time, each on its own stack and fake
+providers (the load is light: a few requests a second each); members one after the other.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from family_report import GOALS, Figures, Goal, figures, goal_text, per_seed, show, summary
+from family_sim import PHASE_WINDOWS, simulate
+from family_stack import run_on_stack
+from family_workloads import member
+
+
+def _stack_pair(seed: int, strategy: str, window: int, rate: float, workdir: Path
+                ) -> dict[str, Figures]:
+    runs: dict[str, Figures] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        try:
+            runs[name] = figures(run_on_stack(member(seed), name, window, rate, workdir))
+        except BaseException as exc:  # reported below, with the other run's result
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in ("weighted", strategy)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return runs
+
+
+DRAWS = 10  # the simulator's draws per member: the spread one stack run may land in
+
+
+def _simulated(seed: int, strategy: str, window: int, rate: float) -> list[dict[str, float]]:
+    """The member's figures over DRAWS draws of the providers' chance (family_sim noise)."""
+    return [per_seed(figures(simulate(member(seed), "weighted", window, rate, noise)),
+                     figures(simulate(member(seed), strategy, window, rate, noise)))
+            for noise in range(DRAWS)]
+
+
+def _within(value: float, draws: list[float], goal: Goal) -> bool:
+    """Inside the draws' range, widened by half a unit of the figure's display."""
+    slack = {"%": 0.0005, "w": 0.005, "n": 0.5}.get(goal.unit, 0.0)
+    return min(draws) - slack <= value <= max(draws) + slack
+
+
+def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
+                 workdir: Path, raw: Path | None = None) -> str:
+    """`raw`: the stack's per-member figures as JSON; reused if it holds every seed (the
+    simulator's side is recomputed in seconds), written after the runs otherwise."""
+    began = time.monotonic()
+    stack: dict[int, dict[str, float]] = {}
+    if raw is not None and raw.exists():
+        stack = {int(k): v for k, v in json.loads(raw.read_text()).items()}
+    for seed in seeds:
+        if seed in stack:
+            continue
+        print(f"seed {seed}: {member(seed).name} ...", flush=True)
+        pair = _stack_pair(seed, strategy, window, rate, workdir)
+        stack[seed] = per_seed(pair["weighted"], pair[strategy])
+        if raw is not None:
+            raw.write_text(json.dumps(stack, indent=1, sort_keys=True) + "\n")
+    draws = {seed: _simulated(seed, strategy, window, rate) for seed in seeds}
+    simulated = {seed: {g.name: statistics.median(d[g.name] for d in draws[seed])
+                        for g in GOALS} for seed in seeds}
+    minutes = (time.monotonic() - began) / 60
+    lines = [f"# Routing quality through the real stack, beside the simulator "
+             f"({len(seeds)} members)", "",
+             f"{time.strftime('%Y-%m-%d')}. Window {window} s; phases warm / steady / degrade / "
+             "recover of " + " / ".join(f"{w:g}" for w in PHASE_WINDOWS.values())
+             + f" windows; about {rate:g} requests/s; `{strategy}` with the SPEC sample's "
+             "policy against `weighted` on the same arrivals. Stack: one run per member of "
+             "`sidecar up` (real Envoy 1.40, the real sidecar) before fake providers playing "
+             "the member's profiles and drift, the `openai` SDK as the client "
+             f"(bench/family_stack.py; {minutes:.0f} minutes in this invocation). Simulator: "
+             f"bench/family_sim.py on the same members, {DRAWS} draws of the providers' "
+             "chance each; its figure per member is the median over the draws, and a stack "
+             "figure is *within* when it lies in the draws' range.", "",
+             "| figure | goal (median / worst decile) | stack median | stack worst | "
+             "simulator median | simulator worst | stack within the simulator's range |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    ours = dict(zip(GOALS, summary([stack[s] for s in seeds]), strict=True))
+    theirs = dict(zip(GOALS, summary([simulated[s] for s in seeds]), strict=True))
+    for goal in GOALS:
+        _, m1, w1, met1 = ours[goal]
+        _, m2, w2, _ = theirs[goal]
+        inside = sum(_within(stack[s][goal.name], [d[goal.name] for d in draws[s]], goal)
+                     for s in seeds)
+        lines.append(f"| {goal.name} | {goal_text(goal)} | {show(m1, goal.unit)}"
+                     f"{'' if met1 else ' ✘'} | {show(w1, goal.unit)} | "
+                     f"{show(m2, goal.unit)} | {show(w2, goal.unit)} | "
+                     f"{inside} of {len(seeds)} |")
+    lines += ["", "Per member: stack / simulator median [simulator's range over its draws]:",
+              "", "| seed | member | " + " | ".join(g.name for g in GOALS) + " |",
+              "| ---: | --- |" + " ---: |" * len(GOALS)]
+    for seed in seeds:
+        cells = []
+        for goal in GOALS:
+            values = [d[goal.name] for d in draws[seed]]
+            mark = "" if _within(stack[seed][goal.name], values, goal) else " ✘"
+            cells.append(f"{show(stack[seed][goal.name], goal.unit)}{mark} / "
+                         f"{show(simulated[seed][goal.name], goal.unit)} "
+                         f"[{show(min(values), goal.unit)}, {show(max(values), goal.unit)}]")
+        lines.append(f"| {seed} | {member(seed).name} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
