@@ -5,7 +5,10 @@ of the upstream attempts the fake providers received (fallbacks and probes inclu
 5-second bucket. Definitions, for the degraded target:
 
 - time to drain: from the start of the degradation to the start of the first 5 seconds
-  (sliding, in steps of 1 s) in which its share is under 1 %;
+  (sliding, in steps of 1 s) in which its share is under 1 % and from which on, to the
+  recovery, it is under half its steady share (issue 41: a target with a few percent of
+  the traffic has 5 seconds without an attempt by chance, and was counted drained at once
+  while it went on serving as before; its figures then measured nothing);
 - share after drain: its share of all attempts from then until the recovery, and the
   largest share in any 5 seconds (sliding) of that span;
 - time to half share: from the recovery to the end of the first 5 seconds (sliding) in
@@ -157,16 +160,19 @@ def drift(attempts: list[Attempt], starts: dict[str, float], total_s: float,
     steady = [a for a in attempts if starts["steady"] <= a.at < starts["degrade"]]
     steady_share = sum(a.provider == degraded for a in steady) / max(1, len(steady))
     degrade, recover = starts["degrade"], starts["recover"]
-    drained = next((t for t, share in _sliding(attempts, degrade, recover, degraded)
-                    if share < DRAINED), None)
     drain_s = after = worst = None
-    if drained is not None:
-        # Drained at the start of the first 5 s under 1 %; measured from then to recovery.
-        begin = drained - BUCKET_S
-        drain_s = begin - degrade
-        window = [a for a in attempts if begin <= a.at < recover]
-        after = sum(a.provider == degraded for a in window) / max(1, len(window))
-        worst = max(share for _, share in _sliding(attempts, begin, recover, degraded))
+    for t, share in _sliding(attempts, degrade, recover, degraded):
+        if share >= DRAINED:
+            continue
+        # Drained at the start of the first 5 s under 1 % that the rest of the degradation
+        # bears out; measured from then to the recovery.
+        begin = t - BUCKET_S
+        span = [a for a in attempts if begin <= a.at < recover]
+        rest = sum(a.provider == degraded for a in span) / max(1, len(span))
+        if rest < steady_share / 2:
+            drain_s, after = begin - degrade, rest
+            worst = max(s for _, s in _sliding(attempts, begin, recover, degraded))
+            break
     back = next((t for t, share in _sliding(attempts, recover, total_s, degraded)
                  if share >= steady_share / 2), None)
     return Drift(steady_share, drain_s, after, worst, None if back is None else back - recover)

@@ -20,6 +20,7 @@ import hashlib
 import re
 import sqlite3
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ from sidecar.devstack.harness import ProviderThread, UpProcess
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
 TOKEN = "family-stack-token"
+# Attempts per request at most, for the fakes' room: the order's three and a same-target
+# retry.
+ATTEMPTS_PER_REQUEST = 4
 _MARKER = re.compile(r"\[job (\d+)\.(\d+) reply (\d+)\]")
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file of the repository.",
@@ -196,8 +200,12 @@ def run_on_stack(member: Member, strategy: str, window: int, rate: float,
                  workdir: Path) -> Run:
     """The member through `sidecar up` under `strategy`; the simulator's Run of it."""
     fakes = {slot: FakeProvider(slot, seed=member.seed) for slot, _, _ in member.targets}
+    # Every attempt is kept: a fake keeps its last 10,000 by default, and at 32 requests
+    # a second a busy target's first ones (its steady share) were lost (issue 41).
+    room = int(ATTEMPTS_PER_REQUEST * rate * phases(window)[1]) + 1_000
     for slot, profile, _ in member.targets:
         fakes[slot].behaviour = behaviour(profile, None, False)
+        fakes[slot].received = deque(maxlen=room)
     name = strategy.replace("@", "-")
     telemetry = workdir / f"{member.seed}-{name}.db"
     with ProviderThread(list(fakes.values())) as providers:
@@ -212,6 +220,10 @@ def run_on_stack(member: Member, strategy: str, window: int, rate: float,
 
 def _assemble(member: Member, strategy: str, window: int, start: float, sent: list[_Sent],
               fakes: dict[str, FakeProvider], rows: dict[str, dict[str, Any]]) -> Run:
+    for slot, fake in fakes.items():
+        if len(fake.received) == fake.received.maxlen:
+            raise RuntimeError(f"{slot}: the fake kept only its last {fake.received.maxlen} "
+                               "attempts; the figures would miss the first ones")
     run = Run(member, strategy, window)
     ids: dict[tuple[int, int], str] = {}
     for slot, fake in fakes.items():

@@ -7,17 +7,19 @@ One stack run is one draw of chance (the providers' errors and latencies, Envoy'
 so it is set against the simulator's range over DRAWS draws of the same member: where the
 stack falls outside it, the simulator leaves something out (docs/routing-under-drift.md §9).
 
-The two strategies of a member run at the same time, each on its own stack and fake
-providers (the load is light: a few requests a second each); members one after the other.
+The two strategies of a member run at the same time, each on its own stack, with its
+client and fake providers in a process of its own (the share of a core that process used
+is reported: near 100 % the fakes' latencies stretch); members one after the other.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
-import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from family_report import GOALS, Figures, Goal, figures, goal_text, per_seed, show, summary
@@ -26,27 +28,31 @@ from family_stack import run_on_stack
 from family_workloads import member
 
 
+def _one_stack(seed: int, strategy: str, window: int, rate: float, workdir: Path
+               ) -> tuple[Figures, float]:
+    """One strategy's run, in its own process: its figures, and the share of a core this
+    process (the client and the fake providers) used over it."""
+    began, cpu = time.monotonic(), time.process_time()
+    run = figures(run_on_stack(member(seed), strategy, window, rate, workdir))
+    return run, (time.process_time() - cpu) / (time.monotonic() - began)
+
+
 def _stack_pair(seed: int, strategy: str, window: int, rate: float, workdir: Path
-                ) -> dict[str, Figures]:
-    runs: dict[str, Figures] = {}
-    errors: list[BaseException] = []
-
-    def one(name: str) -> None:
-        try:
-            runs[name] = figures(run_on_stack(member(seed), name, window, rate, workdir))
-        except BaseException as exc:  # reported below, with the other run's result
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(name,)) for name in ("weighted", strategy)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return runs
+                ) -> tuple[dict[str, Figures], dict[str, float]]:
+    """Both strategies at once, each with its client and fake providers in a process of
+    its own: in one process (threads) the two shared one core, which at 32 requests a
+    second each was saturated and stretched every provider's latency (issue 41)."""
+    names = ("weighted", strategy)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(names), mp_context=spawn) as pool:
+        futures = {name: pool.submit(_one_stack, seed, name, window, rate, workdir)
+                   for name in names}
+        done = {name: future.result() for name, future in futures.items()}
+    return ({name: result[0] for name, result in done.items()},
+            {name: result[1] for name, result in done.items()})
 
 
+LOAD = "client and fakes, share of a core"
 DRAWS = 10  # the simulator's draws per member: the spread one stack run may land in
 
 
@@ -55,6 +61,14 @@ def _simulated(seed: int, strategy: str, window: int, rate: float) -> list[dict[
     return [per_seed(figures(simulate(member(seed), "weighted", window, rate, noise)),
                      figures(simulate(member(seed), strategy, window, rate, noise)))
             for noise in range(DRAWS)]
+
+
+def _load_text(loads: list[float | None]) -> str:
+    known = [load for load in loads if load is not None]
+    if not known:
+        return "The client's and fakes' load was not recorded for these runs."
+    return (f"Each strategy's client and fake providers used at most {100 * max(known):.0f} % "
+            "of a core (their own process).")
 
 
 def _within(value: float, draws: list[float], goal: Goal) -> bool:
@@ -75,8 +89,9 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
         if seed in stack:
             continue
         print(f"seed {seed}: {member(seed).name} ...", flush=True)
-        pair = _stack_pair(seed, strategy, window, rate, workdir)
-        stack[seed] = per_seed(pair["weighted"], pair[strategy])
+        pair, load = _stack_pair(seed, strategy, window, rate, workdir)
+        stack[seed] = {**per_seed(pair["weighted"], pair[strategy]),
+                       LOAD: max(load.values())}
         if raw is not None:
             raw.write_text(json.dumps(stack, indent=1, sort_keys=True) + "\n")
     draws = {seed: _simulated(seed, strategy, window, rate) for seed in seeds}
@@ -94,7 +109,8 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
              f"(bench/family_stack.py; {minutes:.0f} minutes in this invocation). Simulator: "
              f"bench/family_sim.py on the same members, {DRAWS} draws of the providers' "
              "chance each; its figure per member is the median over the draws, and a stack "
-             "figure is *within* when it lies in the draws' range.", "",
+             "figure is *within* when it lies in the draws' range. "
+             + _load_text([stack[s].get(LOAD) for s in seeds]), "",
              "| figure | goal (median / worst decile) | stack median | stack worst | "
              "simulator median | simulator worst | stack within the simulator's range |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -44,6 +44,17 @@ def test_a_target_never_drained_or_never_back_says_so() -> None:
     assert figures.drain_s is None and figures.half_share_s is None
 
 
+def test_five_quiet_seconds_of_a_small_target_still_serving_are_not_a_drain() -> None:
+    # Issue 41: a target with 4 % of the traffic has no attempt in some 5 s by chance; it
+    # went on at 4 % while degraded, and was counted drained at once (0 s, 4 % "after").
+    small = attempts([0.04, 0.04, 0.04, 0.04, 0.0, 0.04, 0.04, 0.04, 0.04, 0.04])
+    figures = drift(small, STARTS, 50.0)
+    assert figures.drain_s is None and figures.after_drain is None
+    # Drained for good after the quiet 5 s: the drain is dated from them.
+    drained = attempts([0.04, 0.04, 0.04, 0.04, 0.04, 0.0, 0.01, 0.0, 0.04, 0.04])
+    assert drift(drained, STARTS, 50.0).drain_s == 5.0
+
+
 def test_stickiness_sets_aside_only_moves_off_the_degraded_target_while_degraded() -> None:
     def turn(ident: int, number: int, at: float, model: str) -> Result:
         return Result("chat", ident, number, at, 1.0, model, 10, 10, None)
