@@ -42,13 +42,14 @@ from family_sim import (
     phases,
 )
 from family_workloads import AGENT, CHAT, TURNS, Job, Member, Profile, arrivals
+from sdk_chat import chat
 
 from sidecar.devstack.harness import ProviderThread, UpProcess
 from sidecar.devstack.providers import Behaviour, FakeProvider
 
 TOKEN = "family-stack-token"
-# Attempts per request at most, for the fakes' room: the order's three and a same-target
-# retry.
+# Attempts per request, for the fakes' room: at most the group's `max_attempts` (3; a
+# same-target retry takes a place in the order), with a margin.
 ATTEMPTS_PER_REQUEST = 4
 _MARKER = re.compile(r"\[job (\d+)\.(\d+) reply (\d+)\]")
 TOOLS = [{"type": "function", "function": {
@@ -109,28 +110,10 @@ class _Sent:
 async def _send(client: openai.AsyncOpenAI, job: Job, turn: int, messages: list[dict],
                 start: float) -> tuple[_Sent, str]:
     sent = time.monotonic()
-    model, text, usage, error = None, "", None, False
     extra: dict[str, Any] = {"tools": TOOLS} if job.kind == AGENT else {}
-    try:
-        if job.stream:
-            stream = await client.chat.completions.create(
-                model=GROUP, messages=messages, stream=True,
-                stream_options={"include_usage": True}, **extra)
-            async for chunk in stream:
-                model = chunk.model or model
-                if chunk.choices and chunk.choices[0].delta.content:
-                    text += chunk.choices[0].delta.content
-                usage = chunk.usage or usage
-        else:
-            reply = await client.chat.completions.create(model=GROUP, messages=messages,
-                                                         **extra)
-            model, usage = reply.model, reply.usage
-            text = reply.choices[0].message.content or ""
-    except openai.APIError:
-        error = True
-    return _Sent(job, turn, sent - start, time.monotonic() - sent, model,
-                 usage.prompt_tokens if usage else 0,
-                 usage.completion_tokens if usage else 0, error), text
+    reply = await chat(client, GROUP, messages, job.stream, **extra)
+    return _Sent(job, turn, sent - start, reply.seconds, reply.model, reply.prompt_tokens,
+                 reply.completion_tokens, reply.error is not None), reply.text
 
 
 async def _conversation(client: openai.AsyncOpenAI, job: Job, start: float,

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drift_report import Attempt, Result, report
 from drift_workload import CHAT, DEGRADED, PROFILES, Job, behaviour, with_reply, workload
+from sdk_chat import chat
 
 from sidecar import devstack
 from sidecar.devstack.harness import ProviderThread, UpProcess
@@ -125,27 +126,9 @@ async def _send(client: openai.AsyncOpenAI, job: Job, turn: int, messages: list[
                 start: float) -> tuple[Result, str]:
     """One request; its result and the reply text (for the conversation's next turn)."""
     sent = time.monotonic()
-    model, text, usage, error = None, "", None, None
-    try:
-        if job.stream:
-            stream = await client.chat.completions.create(
-                model=GROUP, messages=messages, stream=True,
-                stream_options={"include_usage": True})
-            async for chunk in stream:
-                model = chunk.model or model
-                if chunk.choices and chunk.choices[0].delta.content:
-                    text += chunk.choices[0].delta.content
-                usage = chunk.usage or usage
-        else:
-            reply = await client.chat.completions.create(model=GROUP, messages=messages)
-            model, usage = reply.model, reply.usage
-            text = reply.choices[0].message.content or ""
-    except openai.APIError as exc:
-        error = type(exc).__name__
-    done = time.monotonic()
-    return Result(job.kind, job.ident, turn, sent - start, done - sent, model,
-                  usage.prompt_tokens if usage else 0,
-                  usage.completion_tokens if usage else 0, error), text
+    reply = await chat(client, GROUP, messages, job.stream)
+    return Result(job.kind, job.ident, turn, sent - start, reply.seconds, reply.model,
+                  reply.prompt_tokens, reply.completion_tokens, reply.error), reply.text
 
 
 async def _job(client: openai.AsyncOpenAI, job: Job, start: float, results: list[Result]):

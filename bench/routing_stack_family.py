@@ -85,6 +85,7 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
     stack: dict[int, dict[str, float]] = {}
     if raw is not None and raw.exists():
         stack = {int(k): v for k, v in json.loads(raw.read_text()).items()}
+    reused = [seed for seed in seeds if seed in stack]
     for seed in seeds:
         if seed in stack:
             continue
@@ -95,9 +96,19 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
         if raw is not None:
             raw.write_text(json.dumps(stack, indent=1, sort_keys=True) + "\n")
     draws = {seed: _simulated(seed, strategy, window, rate) for seed in seeds}
+    minutes = (time.monotonic() - began) / 60
+    how = (f"{minutes:.0f} minutes in this invocation" if not reused else
+           f"members {', '.join(map(str, reused))} read from {raw}, measured earlier")
+    return _table(seeds, strategy, window, rate, stack, draws, how)
+
+
+def _table(seeds: Sequence[int], strategy: str, window: int, rate: float,
+           stack: dict[int, dict[str, float]], draws: dict[int, list[dict[str, float]]],
+           how: str) -> str:
+    """The summary against the goals, then each member's stack figure beside the
+    simulator's median and range."""
     simulated = {seed: {g.name: statistics.median(d[g.name] for d in draws[seed])
                         for g in GOALS} for seed in seeds}
-    minutes = (time.monotonic() - began) / 60
     lines = [f"# Routing quality through the real stack, beside the simulator "
              f"({len(seeds)} members)", "",
              f"{time.strftime('%Y-%m-%d')}. Window {window} s; phases warm / steady / degrade / "
@@ -106,7 +117,7 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
              "policy against `weighted` on the same arrivals. Stack: one run per member of "
              "`sidecar up` (real Envoy 1.40, the real sidecar) before fake providers playing "
              "the member's profiles and drift, the `openai` SDK as the client "
-             f"(bench/family_stack.py; {minutes:.0f} minutes in this invocation). Simulator: "
+             f"(bench/family_stack.py; {how}). Simulator: "
              f"bench/family_sim.py on the same members, {DRAWS} draws of the providers' "
              "chance each; its figure per member is the median over the draws, and a stack "
              "figure is *within* when it lies in the draws' range. "
@@ -125,14 +136,15 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
                      f"{'' if met1 else ' ✘'} | {show(w1, goal.unit)} | "
                      f"{show(m2, goal.unit)} | {show(w2, goal.unit)} | "
                      f"{inside} of {len(seeds)} |")
-    lines += ["", "Per member: stack / simulator median [simulator's range over its draws]:",
+    lines += ["", "Per member: stack / simulator median [simulator's range over its draws]; "
+              "† the stack outside that range:",
               "", "| seed | member | " + " | ".join(g.name for g in GOALS) + " |",
               "| ---: | --- |" + " ---: |" * len(GOALS)]
     for seed in seeds:
         cells = []
         for goal in GOALS:
             values = [d[goal.name] for d in draws[seed]]
-            mark = "" if _within(stack[seed][goal.name], values, goal) else " ✘"
+            mark = "" if _within(stack[seed][goal.name], values, goal) else " †"
             cells.append(f"{show(stack[seed][goal.name], goal.unit)}{mark} / "
                          f"{show(simulated[seed][goal.name], goal.unit)} "
                          f"[{show(min(values), goal.unit)}, {show(max(values), goal.unit)}]")

@@ -228,10 +228,10 @@ class ProviderServer:
             latency *= provider.rng.lognormvariate(0.0, behaviour.latency_spread)
         if behaviour.slow_start_share and provider.rng.random() < behaviour.slow_start_share:
             latency += behaviour.slow_start_s
-        failing = None
-        if behaviour.error_latency_s is not None:  # the failure is known before the wait
-            failing = bool(behaviour.error_rate) and provider.rng.random() < behaviour.error_rate
-            latency = behaviour.error_latency_s if failing else latency
+        # Drawn before the wait: a failure may come sooner than a reply (error_latency_s).
+        failing = bool(behaviour.error_rate) and provider.rng.random() < behaviour.error_rate
+        if failing and behaviour.error_latency_s is not None:
+            latency = behaviour.error_latency_s
         if latency:
             await asyncio.sleep(latency)
         if behaviour.reset_connection:
@@ -244,8 +244,7 @@ class ProviderServer:
         status = behaviour.status
         if behaviour.fail_first and provider.served > behaviour.fail_first:
             status = None
-        if failing if failing is not None else (
-                behaviour.error_rate and provider.rng.random() < behaviour.error_rate):
+        if failing:
             status = behaviour.error_status
             headers = (*headers, *behaviour.error_headers)
         if status is not None and status != 200:

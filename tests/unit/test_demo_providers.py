@@ -221,3 +221,20 @@ def test_prompt_cache_usage_follows_each_dialects_token_semantics(farm: Provider
     text = call(farm, "/messages", {"model": "m", "stream": True}).text
     start = events_of(text)[0]
     assert '"cache_read_input_tokens":1024' in start
+
+
+def test_injected_failures_carry_their_own_headers_and_latency(farm: ProviderThread) -> None:
+    # A provider's 429 names its wait and comes at once; its successes carry no
+    # retry-after (issue 41: the routing benchmark's fakes fail as the simulator does).
+    provider = farm.provider("p")
+    provider.behaviour = Behaviour(latency_s=5.0, error_rate=1.0, error_status=429,
+                                   error_headers=(("retry-after", "2"),),
+                                   error_latency_s=0.0)
+    began = time.monotonic()
+    failed = call(farm, "/chat/completions", {"model": "m"})
+    assert time.monotonic() - began < 2.5  # not the 5 s a reply would take
+    assert failed.status_code == 429 and failed.headers["retry-after"] == "2"
+    assert failed.json()["error"]["type"]
+    provider.behaviour = Behaviour(error_headers=(("retry-after", "2"),))
+    answered = call(farm, "/chat/completions", {"model": "m"})
+    assert answered.status_code == 200 and "retry-after" not in answered.headers
