@@ -155,6 +155,34 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--caller", help="caller name, for its spend ceiling")
     explain.add_argument("--format", choices=["table", "json"], default="table")
 
+    rollout = command("rollout", "roll out a routing change (docs/rollout.md)")
+    rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True,
+                                              metavar="SUBCOMMAND")
+    check = rollout_commands.add_parser(
+        "check", help="run the SPEC's rollout checklist against a live group, as a caller")
+    check.add_argument("--config", type=Path, required=True,
+                       help="the configuration the gateway runs (what should happen)")
+    check.add_argument("--group", required=True, help="the model group to check")
+    check.add_argument("--url", default=f"http://{DEFAULT_LISTEN}",
+                       help=f"the client listener (default: http://{DEFAULT_LISTEN})")
+    check.add_argument("--admin", default=f"http://{DEFAULT_ADMIN_HTTP}",
+                       help="the sidecar's admin endpoint, where the check reads back each "
+                            f"request's row (default: http://{DEFAULT_ADMIN_HTTP})")
+    token = check.add_mutually_exclusive_group(required=True)
+    token.add_argument("--token-file", type=Path, help="file with a caller token")
+    token.add_argument("--token-env", help="environment variable with a caller token")
+    second = check.add_mutually_exclusive_group()
+    second.add_argument("--second-token-file", type=Path,
+                        help="another caller's token, for the caller-isolation item")
+    second.add_argument("--second-token-env")
+    check.add_argument("--admin-token-file", type=Path,
+                       help="the admin endpoint's token, when it is bound beyond loopback")
+    check.add_argument("--wait-ttl", action="store_true",
+                       help="run the TTL-expiry item: wait out the group's affinity TTL")
+    check.add_argument("--row-wait-seconds", type=float, default=20.0,
+                       help="how long a request's row may take to be written (default: 20)")
+    check.add_argument("--format", choices=["table", "json"], default="table")
+
     reports = command("report", "usage, decision and fallback reports from the telemetry "
                                 "database (docs/telemetry.md)")
     reports.add_argument("kind", choices=["usage", "decisions", "fallbacks"])

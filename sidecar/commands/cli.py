@@ -206,7 +206,13 @@ def _render_envoy(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from sidecar.commands.explain import ExplainError, as_json, as_table, explain
+    from sidecar.commands.explain import (
+        ExplainError,
+        as_json,
+        as_table,
+        evaluation_provenance,
+        explain,
+    )
 
     config = load_config_file(args.config)
     try:
@@ -214,7 +220,9 @@ def _explain(args: argparse.Namespace) -> int:
     except ExplainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(as_json(outcome) if args.format == "json" else as_table(outcome))
+    provenance = evaluation_provenance(config, outcome.group)
+    print(as_json(outcome, provenance) if args.format == "json"
+          else as_table(outcome, provenance))
     return 0
 
 
@@ -368,6 +376,12 @@ def _rollup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from sidecar.rollout.command import rollout_check
+
+    return rollout_check(args)  # the only subcommand so far: `check`
+
+
 _COMMANDS = {
     "up": _up,
     "serve": _serve,
@@ -382,6 +396,7 @@ _COMMANDS = {
     "demo-config": _demo_config,
     "health": _health,
     "render-istio": _render_istio,
+    "rollout": _rollout,
 }
 # Commands of the embedded stack: the sidecar's container image leaves sidecar/devstack out.
 _DEVSTACK_COMMANDS = frozenset({"up", "demo-providers", "demo-config"})

@@ -60,6 +60,15 @@ def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
             snapshot = snapshot_from_dict(_read_json(observations_file, "observations"))
         except ValueError as exc:
             raise ExplainError(f"observations {observations_file}: {exc}") from None
+    return decide(config, payload, dialect, snapshot, caller)
+
+
+def decide(config: SidecarConfig, payload: dict[str, Any], dialect: Dialect,
+           snapshot: ObservationSnapshot = EMPTY_SNAPSHOT, caller: str | None = None
+           ) -> Decision | NoEligibleTarget:
+    """One request body's decision, as live traffic would get it (`sidecar explain`, and
+    what `sidecar rollout check` expects of the live gateway)."""
+    group_name = payload["model"]
     ceiling = None
     if caller is not None:
         match = [c for c in config.callers if c.name == caller]
@@ -76,7 +85,33 @@ def explain(config: SidecarConfig, request_file: Path, dialect: Dialect,
     return Router(config).decide(summary, snapshot)
 
 
-def as_json(outcome: Decision | NoEligibleTarget) -> str:
+def evaluation_provenance(config: SidecarConfig, group: str) -> dict[str, dict[str, Any]]:
+    """Per target, the configured evaluation and validation metadata `eval_quality_score`
+    is computed from, with where it came from (`validation.suite`, `validated_at`): the
+    score alone does not say which evaluation an operator is trusting (issue 42)."""
+    found: dict[str, dict[str, Any]] = {}
+    for target in config.models[group].targets:
+        entry: dict[str, Any] = {}
+        if target.evaluation is not None:
+            entry["evaluation"] = target.evaluation.model_dump(exclude_none=True)
+        if target.validation is not None:
+            entry["validation"] = target.validation.model_dump(exclude_none=True)
+        found[f"{target.provider}/{target.model_ref}"] = entry
+    return found
+
+
+def _provenance_lines(provenance: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["", "evaluation metadata (eval_quality_score's inputs, from the configuration):"]
+    for label, entry in provenance.items():
+        parts = [f"{part}: " + ", ".join(f"{key} {value}" for key, value in fields.items())
+                 for part, fields in entry.items() if fields]
+        lines.append(f"  {label}: " + ("; ".join(parts)
+                                        or "none (eval_quality_score is the neutral 0.5)"))
+    return lines
+
+
+def as_json(outcome: Decision | NoEligibleTarget,
+            provenance: dict[str, dict[str, Any]] | None = None) -> str:
     document: dict[str, Any] = {"group": outcome.group}
     if isinstance(outcome, Decision):
         document["primary"] = outcome.primary.label
@@ -84,6 +119,8 @@ def as_json(outcome: Decision | NoEligibleTarget) -> str:
     else:
         document["refused"] = outcome.reason
     document["trace"] = outcome.trace.to_dict()
+    if provenance is not None:
+        document["evaluation_metadata"] = provenance
     return json.dumps(document, indent=2)
 
 
@@ -99,7 +136,8 @@ def _affinity(outcome: Decision | NoEligibleTarget) -> str:
     return f"{outcome_name} ({text})" if text else outcome_name
 
 
-def as_table(outcome: Decision | NoEligibleTarget) -> str:
+def as_table(outcome: Decision | NoEligibleTarget,
+             provenance: dict[str, dict[str, Any]] | None = None) -> str:
     trace = outcome.trace
     lines = [f"group: {outcome.group}   strategy: {trace.strategy}   "
              f"targets: {trace.target_count}   candidates: {trace.candidate_count}"]
@@ -142,4 +180,6 @@ def as_table(outcome: Decision | NoEligibleTarget) -> str:
                          "-" if c.term_value is None else f"{c.term_value:.3f}",
                          f"{c.weight_share:.3f}", f"{c.final_share:.3f}"])
         lines += ["", format_table(rows)]
+    if provenance is not None:
+        lines += _provenance_lines(provenance)
     return "\n".join(lines)

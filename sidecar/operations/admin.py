@@ -9,6 +9,9 @@
 - `GET /metrics`: Prometheus exposition (telemetry/metrics.py).
 - `GET /reports/<usage|decisions|fallbacks>?since=24h&...`: telemetry reports as JSON
   (telemetry/admin_reports.py), when telemetry is on.
+- `GET /requests?trace=<trace id>[&since=SECONDS]`: the telemetry rows of the requests
+  sent with that W3C trace id (at most 50, from the last hour at most), for `sidecar
+  rollout check` (telemetry/request_lookup.py).
 - `GET /status`: ext_proc streams being served and asyncio tasks alive (both return to
   their idle level when requests end, cancelled ones included), and the gRPC port's
   counters (connections, refusals, protocol errors, unauthenticated calls, bytes held).
@@ -195,10 +198,12 @@ class AdminServer:
                 authorization is not None and hmac.compare_digest(authorization, self._token)):
             return "401 Unauthorized", {"error": "send the admin token: "
                                                  "authorization: Bearer <token>"}
-        if url.path.startswith("/reports/"):
+        if url.path.startswith("/reports/") or url.path == "/requests":
             if self._reports is None:
                 return "404 Not Found", {"error": "telemetry is off: no reports (set "
                                                   "telemetry.sqlite_path or postgres_dsn)"}
+            if url.path == "/requests":
+                return await self._reports.requests(url.query)
             return await self._reports.answer(url.path.removeprefix("/reports/"), url.query)
         return self._route(url.path, url.query)
 

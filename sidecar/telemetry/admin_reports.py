@@ -1,5 +1,7 @@
 """`GET /reports/<usage|decisions|fallbacks>?since=24h&until=&group=&caller=&by=` on the
-admin endpoint: the JSON `sidecar report --format json` prints (docs/telemetry.md §6).
+admin endpoint: the JSON `sidecar report --format json` prints (docs/telemetry.md §6); and
+`GET /requests?trace=<trace id>`: the rows of one trace's requests (`sidecar rollout
+check` reads what the gateway did with what it sent).
 
 A report reads the database, so it runs on a worker thread with a read-only connection of
 its own, never on the event loop; one report runs at a time (a second gets 429), so a peer
@@ -17,6 +19,7 @@ from sidecar.commands.report import filters_for, report_document
 from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.database import open_database
 from sidecar.telemetry.reports import BY, KINDS
+from sidecar.telemetry.request_lookup import rows_of_trace, valid_trace_id
 
 MAX_VALUE_CHARS = 256
 _KEYS = {"since", "until", "group", "caller", "by"}
@@ -59,6 +62,40 @@ class AdminReports:
                 return "503 Service Unavailable", {
                     "error": f"telemetry database unavailable ({type(exc).__name__})"}
         return "200 OK", document
+
+    async def requests(self, query: str) -> tuple[str, object]:
+        """`GET /requests?trace=<32 hex digits>[&since=SECONDS]`: the rows of one trace's
+        requests (request_lookup.py), for `sidecar rollout check`."""
+        values = parse_qs(query, keep_blank_values=True)
+        unknown = sorted(set(values) - {"trace", "since"})
+        if unknown:
+            return "400 Bad Request", {"error": f"unknown parameter {unknown[0][:40]!r}; "
+                                                "use trace, since"}
+        trace = values.get("trace", [""])
+        since = values.get("since", ["900"])
+        if len(trace) != 1 or not valid_trace_id(trace[0]):
+            return "400 Bad Request", {"error": "trace: one W3C trace id (32 lowercase "
+                                                "hexadecimal digits, not all zero)"}
+        if len(since) != 1 or not (since[0].isascii() and since[0].isdigit()
+                                   and 0 < len(since[0]) <= 5):
+            return "400 Bad Request", {"error": "since: seconds, a positive integer"}
+        if self._running.locked():
+            return "429 Too Many Requests", {"error": "a report is already running"}
+        async with self._running:
+            try:
+                rows = await asyncio.to_thread(self._rows_of_trace, trace[0], int(since[0]))
+            except Exception as exc:
+                return "503 Service Unavailable", {
+                    "error": f"telemetry database unavailable ({type(exc).__name__})"}
+        return "200 OK", {"trace": trace[0], "rows": rows}
+
+    def _rows_of_trace(self, trace: str, since: int) -> list[dict[str, object]]:
+        db = open_database(self._settings, read_only=True)
+        try:
+            db.open()
+            return rows_of_trace(db, trace, since)
+        finally:
+            db.close()
 
     def _read(self, kind: str, filters: object, by: str) -> dict[str, object]:
         db = open_database(self._settings, read_only=True)

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from sidecar.telemetry.results import RequestResult, usage_charged
 from sidecar.telemetry.row_counts import RowCounts
 from sidecar.telemetry.rows import (
-    MAX_TOKENS_STAGE,
+    MAX_TOKENS_STAGES,
     DecisionRecord,
     JoinedRequest,
     Prices,
     cost_usd,
+    origin,
     pairs_text,
     plain_int,
     plain_text,
@@ -33,7 +34,7 @@ from sidecar.telemetry.schema import REQUEST_COLUMNS, json_text
 
 _HEAD = ("replica", "request_id", "started_at", "caller", "group_name", "admission",
          "observation_count", "traceparent", "cache", "join_kind", "estimated_input_tokens",
-         "output_budget")
+         "output_budget", "origin")
 _PROFILE = ("strategy", "cold_start", "signals", "request_shape", "complexity",
             "prompt_features", "selected_scores", "term_value_bucket", "final_share_bucket",
             "exclusions", "max_tokens_filtered", "max_tokens_bucket", "input_size_bucket",
@@ -83,13 +84,14 @@ class RowEncoder:
         if d is None:
             assert r is not None
             head = (self._replica, r.request_id, item.at, "", "", None, None, None, None,
-                    item.join, None, None)
+                    item.join, None, None, None)
             profile = _NO_DECISION
         else:
             estimate = d.estimate or (None, None)
             head = (self._replica, d.request_id, d.at, d.caller, d.group, d.admission,
                     d.observations, valid_traceparent(d.traceparent) if d.traceparent else None,
-                    d.cache, item.join, *estimate)
+                    d.cache, item.join, *estimate,
+                    origin(d.traceparent) if d.traceparent else None)
             key = marshal.dumps((d.group, d[7:23], d[24:28]))
             found = self._profiles.get(key)
             if found is None:
@@ -125,7 +127,7 @@ def _profile(d: DecisionRecord) -> Profile:
         None if d.term_value is None else score_bucket(d.term_value),
         None if d.final_share is None else score_bucket(d.final_share),
         pairs_text(d.exclusions),
-        any(s == MAX_TOKENS_STAGE for _, s in d.exclusions),
+        any(s in MAX_TOKENS_STAGES for _, s in d.exclusions),
         plain_text(shape.get("max_tokens_cap")), plain_text(shape.get("input_size")),
         d.candidate_count, plain_text(reasoning.get("effort")),
         plain_int(reasoning.get("budget_tokens")), d.affinity, d.probe, d.selected, d.external,

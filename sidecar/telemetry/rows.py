@@ -26,8 +26,12 @@ from sidecar.telemetry.results import (
 
 # W3C trace context, version 00; anything else (or all-zero ids) is not kept.
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-# Hard-filter stage that removes targets ignoring a caller's max-token cap.
-MAX_TOKENS_STAGE = "hard_filters.require_honors_max_tokens_when_caller_capped"
+# The stages that remove targets ignoring a caller's max-token cap: the dynamic-score hard
+# filter, and the baseline rule every strategy applies when that filter is off (issue 42:
+# only the first was counted, so with the filter off the column said "no" while targets
+# were removed for the cap).
+MAX_TOKENS_STAGES = frozenset({"hard_filters.require_honors_max_tokens_when_caller_capped",
+                               "eligibility.honors_max_tokens"})
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, several
@@ -109,6 +113,7 @@ class RequestRow:
     candidate_odds: Mapping[str, float] | None = None
     estimated_input_tokens: int | None = None
     output_budget: int | None = None
+    origin: str | None = None      # rollout_check: sent by `sidecar rollout check` (#42)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +283,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         final_share_bucket=(None if d is None or d.final_share is None
                             else score_bucket(d.final_share)),
         exclusions=pairs_text(d.exclusions) if d is not None else "",
-        max_tokens_filtered=d is not None and any(s == MAX_TOKENS_STAGE
+        max_tokens_filtered=d is not None and any(s in MAX_TOKENS_STAGES
                                                   for _, s in d.exclusions),
         max_tokens_bucket=plain_text(shape.get("max_tokens_cap")),
         input_size_bucket=plain_text(shape.get("input_size")),
@@ -314,6 +319,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         candidate_odds=dict(d.odds) if d is not None and d.odds else None,
         estimated_input_tokens=d.estimate[0] if d is not None and d.estimate else None,
         output_budget=d.estimate[1] if d is not None and d.estimate else None,
+        origin=origin(d.traceparent) if d is not None else None,
     )
 
 
@@ -333,6 +339,21 @@ def score_bucket(value: float) -> str:
 
 def valid_traceparent(value: str) -> str | None:
     return value if len(value) == 55 and _TRACEPARENT.fullmatch(value) else None
+
+
+# `sidecar rollout check` begins its trace ids with this (issue 42): its requests are traffic
+# like any other (quotas, costs, observations) and their rows say where they came from
+# (`origin`), so reports can set them apart. Anyone may send such a trace id; it only
+# labels the row.
+CHECK_TRACE_PREFIX = "c4ec1157"
+_CHECK_TRACEPARENT = "00-" + CHECK_TRACE_PREFIX
+
+
+def origin(traceparent: str) -> str | None:
+    """`rollout_check` for a request `sidecar rollout check` sent, else None."""
+    if traceparent.startswith(_CHECK_TRACEPARENT) and valid_traceparent(traceparent):
+        return "rollout_check"
+    return None
 
 
 def pairs_text(pairs: Sequence[tuple[str, str]]) -> str:

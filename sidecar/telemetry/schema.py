@@ -92,6 +92,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             error_rate_delta DOUBLE PRECISION NOT NULL, dropped BIGINT NOT NULL)""",
         "CREATE INDEX shadow_rollups_at ON shadow_rollups (at)",
     )),
+    (9, (  # where a request came from: rollout_check for `sidecar rollout check` (#42)
+        "ALTER TABLE request_rows ADD COLUMN origin TEXT",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.

@@ -117,6 +117,7 @@ def _config(providers: ProviderThread, anthropic_key_file: Path, closed_port: in
               weight: 60
               tags: [validated, coding, tool_capable]
               input_modalities: [text, image]
+              supports_reasoning: true
             - provider: minimax
               model_ref: m3
               weight: 25

@@ -106,3 +106,60 @@ def test_image_request_to_a_group_with_no_declared_image_target_is_refused(
             messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, IMAGE]}])
     assert "image input needs a target that accepts images" in caught.value.body["message"]
     assert served_by(providers) == []
+
+
+def test_forced_tool_requests_keep_their_choice_and_reach_only_tool_targets(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    """The SPEC's rollout list names forced tool requests (issue 42: parsed and bucketed,
+    never sent through a `dynamic_score` group end to end)."""
+    offset = stack.log_size()
+    choices = ("required", {"type": "function", "function": {"name": "lookup"}})
+    for i in range(20):
+        choice = choices[i % 2]
+        reply = client(stack).chat.completions.create(
+            model="adaptive-agent", tools=TOOLS, tool_choice=choice,
+            messages=[{"role": "user", "content": f"Look up order {i}."}])
+        assert reply.choices[0].message.content  # answered (these fakes call no tools)
+    assert set(served_by(providers)) <= {"baseten", "minimax"}
+    sent = [r.json()["tool_choice"] for name in ("baseten", "minimax")
+            for r in providers.provider(name).received]
+    assert sorted(map(str, sent)) == sorted(str(choices[i % 2]) for i in range(20))
+    decisions = stack.decisions_since(offset)
+    assert len(decisions) == 20
+    for decision in decisions:
+        trace = decision["trace"]
+        assert trace["request_shape"]["tools"] == "forced"
+        assert {"target": "openai/gpt-5.4-nano",
+                "stage": "hard_filters.require_tool_support_when_tools_present"} in (
+            trace["exclusions"])
+
+
+def test_reasoning_requests_reach_only_a_target_that_declares_reasoning(
+    stack: Stack, providers: ProviderThread
+) -> None:
+    """The SPEC's rollout list names reasoning requests "where supported" (issue 42: tested
+    only in a script group). The meta group's baseten target declares reasoning; without
+    the (default-off) hard filter the baseline rule keeps the others out, and a group where
+    no target declares it refuses in the caller's words."""
+    offset = stack.log_size()
+    for i in range(10):
+        client(stack).chat.completions.create(
+            model="adaptive-agent-meta", reasoning_effort="high",
+            messages=[{"role": "user", "content": f"Think about puzzle {i}."}])
+    assert served_by(providers) == ["baseten"] * 10
+    assert all(r.json()["reasoning_effort"] == "high"
+               for r in providers.provider("baseten").received)
+    for decision in stack.decisions_since(offset):
+        trace = decision["trace"]
+        assert trace["reasoning"]["effort"] == "high"
+        excluded = {(e["target"], e["stage"]) for e in trace["exclusions"]}
+        assert {("minimax/m3", "eligibility.reasoning_metadata"),
+                ("openai/gpt-5.4-nano", "eligibility.reasoning_metadata")} <= excluded
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(stack).chat.completions.create(
+            model="adaptive-agent", reasoning_effort="low",
+            messages=[{"role": "user", "content": "Think hard."}])
+    assert "reasoning/thinking needs a target with reasoning support" in (
+        caught.value.body["message"])
+    assert len(served_by(providers)) == 10

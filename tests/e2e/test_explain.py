@@ -101,3 +101,34 @@ def test_explain_keys_the_conversation_and_shows_the_affinity_outcome(tmp_path: 
                                    "previous_response_id": "resp_1"},
                         "--api", "openai_responses", "--format", "json")
     assert json.loads(follow_up.stdout)["trace"]["affinity"] == "not_applicable"
+
+
+def test_explain_names_the_evaluation_behind_eval_quality(tmp_path: Path) -> None:
+    """Issue 42: `validation.suite` and `validated_at` were parsed and read by nothing; an
+    operator trusting eval_quality_score could not see which evaluation it came from."""
+    import yaml
+
+    config = yaml.safe_load(SPEC.read_text())
+    targets = config["models"]["adaptive-agent"]["targets"]
+    targets[0]["evaluation"] = {"quality_score": 0.9}
+    targets[0]["validation"] = {"status": "passed", "pass_rate": 0.8,
+                                "suite": "coding-regression-v3", "validated_at": "2026-11-30"}
+    edited = tmp_path / "config.yaml"
+    edited.write_text(yaml.safe_dump(config))
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "adaptive-agent",
+                                   "messages": [{"role": "user", "content": "hi"}]}))
+    command = [sys.executable, "-m", "sidecar", "explain", "--config", str(edited),
+               "--request", str(request)]
+    table = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert ("  baseten/gpt-oss-120b: evaluation: quality_score 0.9; validation: status passed, "
+            "pass_rate 0.8, suite coding-regression-v3, validated_at 2026-11-30"
+            ) in table.stdout.splitlines()
+    assert ("  minimax/m3: none (eval_quality_score is the neutral 0.5)"
+            in table.stdout.splitlines())
+    document = json.loads(subprocess.run([*command, "--format", "json"], capture_output=True,
+                                         text=True, timeout=60).stdout)
+    assert document["evaluation_metadata"]["baseten/gpt-oss-120b"]["validation"] == {
+        "status": "passed", "pass_rate": 0.8, "suite": "coding-regression-v3",
+        "validated_at": "2026-11-30"}

@@ -5,6 +5,7 @@ loopback nothing but /healthz without the token."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -71,6 +72,40 @@ def test_reports_as_json_with_checked_parameters(tmp_path: Path) -> None:
                 status, body = await fetch(server, f"/reports/usage?{query}")
                 assert status == 400 and words in body["error"], query
             assert (await fetch(server, "/reports/invoices"))[0] == 404
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
+
+
+def test_a_trace_s_rows_on_the_admin_endpoint(tmp_path: Path) -> None:
+    """`GET /requests?trace=`: what `sidecar rollout check` reads back (issue 42)."""
+    path = tmp_path / "t.db"
+    store = TelemetryStore(SQLiteDatabase(path))
+    trace = "c4ec1157" + "0f" * 12
+    row = request_row(None, RequestResult("r-check", 200, "p/a", 1, "ok", 10.0, 2.0, 5, 7, 0),
+                      {}, "log_only", time.time() - 5)
+    store.write([dataclasses.replace(row, traceparent=f"00-{trace}-{'1' * 16}-01",
+                                     origin="rollout_check")], [])
+    store.close()
+
+    async def run() -> None:
+        server = serve(Telemetry(sqlite_path=path), token=TOKEN)
+        await server.start()
+        try:
+            assert (await fetch(server, f"/requests?trace={trace}"))[0] == 401
+            status, body = await fetch(server, f"/requests?trace={trace}", TOKEN)
+            assert status == 200 and body["trace"] == trace
+            (found,) = body["rows"]
+            assert (found["request_id"], found["origin"]) == ("r-check", "rollout_check")
+            status, body = await fetch(server, f"/requests?trace={'ab' * 16}", TOKEN)
+            assert status == 200 and body["rows"] == []
+            for query, words in (("trace=%25", "trace:"), ("trace=" + trace.upper(), "trace:"),
+                                 (f"trace={trace}&trace={trace}", "trace:"),
+                                 (f"trace={trace}&since=-1", "since:"),
+                                 (f"trace={trace}&colour=red", "unknown parameter")):
+                status, body = await fetch(server, f"/requests?{query}", TOKEN)
+                assert status == 400 and words in body["error"], query
         finally:
             await server.stop()
 

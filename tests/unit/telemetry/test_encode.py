@@ -35,6 +35,7 @@ from tests.unit.routing.test_properties import (
 
 PRICES = {"p/m0": Price(1.0, 4.0, 0.1, 1.25), "p/m2": Price(0.5, 0.0, 0.5, 0.5)}
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+CHECK_TRACE = "00-c4ec1157f3577b34da6a3ce929d0e0e4-00f067aa0ba902b7-01"  # rollout check's
 
 results = st.builds(
     lambda status, target, tokens, latency: RequestResult(
@@ -45,7 +46,7 @@ results = st.builds(
     st.tuples(*(st.one_of(st.none(), st.integers(0, 10_000)),) * 4),
     st.one_of(st.none(), st.floats(0.1, 60_000)))
 callers = st.fixed_dictionaries({
-    "traceparent": st.sampled_from(["", TRACE, "garbage"]),
+    "traceparent": st.sampled_from(["", TRACE, CHECK_TRACE, "garbage"]),
     "admission": st.sampled_from([None, "requests_per_minute"]),
     "cache": st.sampled_from([None, "miss", "bypass"])})
 

@@ -91,6 +91,34 @@ def test_a_decision_and_its_outcome_make_one_row_with_buckets_usage_and_cost() -
     assert len(join) == 0
 
 
+def test_a_target_removed_for_the_cap_counts_with_the_hard_filter_off_too() -> None:
+    """Issue 42: with the hard filter off, the baseline rule still removes a target that
+    ignores a caller's cap; `max_tokens_filtered` must say so (it said "no")."""
+    for strategy, policy in (("dynamic_score", """
+    routing_policy:
+      dynamic_score:
+        min_observations: 10
+        hard_filters: {require_honors_max_tokens_when_caller_capped: false}
+        score_terms:
+          - {name: quick, expression: "latency_score"}"""), ("weighted", "")):
+        group = config(f"""
+  g:
+    strategy: {strategy}
+    targets:
+      - {{provider: p, model_ref: a, weight: 60}}
+      - {{provider: p, model_ref: b, weight: 40, honors_max_tokens: false}}{policy}
+""")
+        for cap, removed in ((64, True), (None, False)):
+            outcome = Router(group).decide(request(max_tokens_cap=cap),
+                                           snapshot(p__a=warm(50), p__b=warm(50)))
+            assert isinstance(outcome, Decision)
+            sent = decision_record(DecisionFacts("r", 1_700_000_000.0, "team-a", "g", outcome))
+            row = request_row(DecisionRecord(*marshal.loads(marshal.dumps(sent))),
+                              result("r"), PRICES, "joined", 1_700_000_001.0)
+            assert row.max_tokens_filtered is removed, (strategy, cap)
+            assert ("eligibility.honors_max_tokens" in row.exclusions) is removed
+
+
 def test_an_unpriced_target_has_no_cost_and_an_outcome_without_decision_is_log_only() -> None:
     join, rows, _ = joiner()
     join.finished(result("nobody-decided", serving_target="p/b", status=503,

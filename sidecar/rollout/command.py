@@ -1,0 +1,51 @@
+"""`sidecar rollout check`: the command line around the checklist (issue 42)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from sidecar.config import load_config_file
+from sidecar.config.secrets import SecretError, read_secret
+from sidecar.rollout.check_report import as_json, as_table, exit_code
+from sidecar.rollout.check_run import Gateway, run
+from sidecar.rollout.checklist import checklist
+
+
+def _token(path: Path | None, env: str | None) -> str | None:
+    """A token from its file or environment variable (the secret reader the configuration
+    uses), or None when neither is given."""
+    if path is None and env is None:
+        return None
+    return read_secret(env, path, os.environ)
+
+
+def rollout_check(args: argparse.Namespace) -> int:
+    config = load_config_file(args.config)
+    if args.group not in config.models:
+        print(f"error: unknown model group '{args.group}' (configured: "
+              f"{', '.join(config.models)})", file=sys.stderr)
+        return 2
+    try:
+        first = _token(args.token_file, args.token_env)
+        second = _token(args.second_token_file, args.second_token_env)
+        admin = _token(args.admin_token_file, None)
+    except SecretError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    assert first is not None  # argparse requires one of the two
+    affinity = config.models[args.group].dynamic_score.affinity
+    items = checklist(config, args.group, f"check {secrets.token_hex(6)}",
+                      second_caller=second is not None, wait_ttl=args.wait_ttl)
+    gateway = Gateway(args.url, args.admin, (first, second), admin,
+                      row_wait_s=args.row_wait_seconds)
+    try:
+        verdicts = run(items, gateway, affinity.ttl_seconds)
+    finally:
+        gateway.close()
+    print(as_json(args.group, verdicts) if args.format == "json"
+          else as_table(args.group, verdicts))
+    return exit_code(verdicts)
