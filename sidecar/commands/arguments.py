@@ -174,13 +174,16 @@ def parser() -> argparse.ArgumentParser:
     second = check.add_mutually_exclusive_group()
     second.add_argument("--second-token-file", type=Path,
                         help="another caller's token, for the caller-isolation item")
-    second.add_argument("--second-token-env")
+    second.add_argument("--second-token-env",
+                        help="environment variable with another caller's token")
     check.add_argument("--admin-token-file", type=Path,
                        help="the admin endpoint's token, when it is bound beyond loopback")
     check.add_argument("--wait-ttl", action="store_true",
-                       help="run the TTL-expiry item: wait out the group's affinity TTL")
+                       help="run the TTL-expiry item: a hit half a TTL in, then a turn once "
+                            "the pin's TTL (from its creation) has passed")
     check.add_argument("--row-wait-seconds", type=float, default=20.0,
-                       help="how long a request's row may take to be written (default: 20)")
+                       help="how long a request's row may take to be written and read back "
+                            "(default: 20)")
     check.add_argument("--format", choices=["table", "json"], default="table")
 
     reports = command("report", "usage, decision and fallback reports from the telemetry "

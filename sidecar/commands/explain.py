@@ -17,6 +17,7 @@ from sidecar.dialects.body import BodyError, parse_body
 from sidecar.dialects.shape import request_shape
 from sidecar.gateway.handler import affinity_key
 from sidecar.gateway.scan import scan_limit
+from sidecar.routing.capabilities import eval_quality
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationSnapshot, snapshot_from_dict
 from sidecar.routing.router import Router
@@ -91,7 +92,8 @@ def evaluation_provenance(config: SidecarConfig, group: str) -> dict[str, dict[s
     score alone does not say which evaluation an operator is trusting (issue 42)."""
     found: dict[str, dict[str, Any]] = {}
     for target in config.models[group].targets:
-        entry: dict[str, Any] = {}
+        quality = eval_quality(target)
+        entry: dict[str, Any] = {"eval_quality_score": 0.5 if quality is None else quality}
         if target.evaluation is not None:
             entry["evaluation"] = target.evaluation.model_dump(exclude_none=True)
         if target.validation is not None:
@@ -104,9 +106,10 @@ def _provenance_lines(provenance: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["", "evaluation metadata (eval_quality_score's inputs, from the configuration):"]
     for label, entry in provenance.items():
         parts = [f"{part}: " + ", ".join(f"{key} {value}" for key, value in fields.items())
-                 for part, fields in entry.items() if fields]
-        lines.append(f"  {label}: " + ("; ".join(parts)
-                                        or "none (eval_quality_score is the neutral 0.5)"))
+                 for part, fields in entry.items() if part != "eval_quality_score" and fields]
+        score = f"eval_quality_score {entry['eval_quality_score']:.3f}"
+        lines.append(f"  {label}: {score} from " + ("; ".join(parts) if parts else
+                                                    "nothing configured (neutral)"))
     return lines
 
 

@@ -17,7 +17,7 @@ cannot make a first turn a `hit`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.commands.explain import decide
@@ -60,8 +60,9 @@ class Expect:
     refusal: str = ""
     complexity: str | None = None
     affinity: str | None = None          # the decision's affinity outcome, when it matters
-    same_target_as: int | None = None    # this turn is served where that turn was
+    same_target_as: int | None = None    # this turn selects what that turn selected
     error_class: str | None = None       # what the gateway must record (client_cancel)
+    max_output_tokens: int | None = None  # the reply's length as the provider counted it
 
     @property
     def refused(self) -> bool:
@@ -74,7 +75,7 @@ class Turn:
     expect: Expect
     second_caller: bool = False   # sent with the second caller token
     cancel: bool = False          # a stream the check closes after its first event
-    wait_ttl: bool = False        # sent once the group's affinity TTL has passed
+    wait_s: float = 0.0           # sent this long after the turn before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +84,11 @@ class Item:
     spec_words: str
     turns: tuple[Turn, ...] = ()
     skipped: str = ""   # why it is not run; said in the report, never silently left out
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _expect(config: SidecarConfig, body: dict[str, Any], **extra: Any) -> Expect:
-    outcome = decide(config, body, Dialect.OPENAI_CHAT)
+def _expect(config: SidecarConfig, body: dict[str, Any], caller: str | None = None,
+            **extra: Any) -> Expect:
+    outcome = decide(config, body, Dialect.OPENAI_CHAT, caller=caller)
     if not isinstance(outcome, Decision):
         return Expect(frozenset(), refusal=outcome.reason, **extra)
     return Expect(frozenset(c.label for c in outcome.ordered),
@@ -104,22 +105,25 @@ def _follow_up(body: dict[str, Any], reply: str, question: str) -> dict[str, Any
 
 
 def checklist(config: SidecarConfig, group: str, nonce: str, *, second_caller: bool,
-              wait_ttl: bool) -> list[Item]:
-    """The SPEC's list for `group`, in the SPEC's order."""
+              wait_ttl: bool, caller: str | None = None) -> list[Item]:
+    """The SPEC's list for `group`, in the SPEC's order. `caller`: the configured caller
+    the first token belongs to, when known (its spend ceiling is part of its decisions)."""
     def body(text: str, **fields: Any) -> dict[str, Any]:
         return {"model": group, "messages": [{"role": "user", "content": f"{text} ({nonce})"}],
                 **fields}
 
     def single(name: str, words: str, request: dict[str, Any], **extra: Any) -> Item:
-        return Item(name, words, (Turn(request, _expect(config, request, **extra)),))
+        return Item(name, words, (Turn(request, _expect(config, request, caller,
+                                                        **extra)),))
 
     affinity = config.models[group].dynamic_score.affinity
-    items = [
+    return [
         single("simple_text", "simple text", body("Say hello in one short sentence.")),
         single("code_debug", "code/debug prompts", body(DEBUG_PROMPT)),
-        _multi_turn(config, body("Let us plan a trip to Lisbon, step by step.")),
-        _ttl_expiry(config, body("Help me name a cat."), affinity, wait_ttl),
-        _caller_isolation(config, body("Help me write a haiku about rain."), second_caller),
+        _multi_turn(config, body("Let us plan a trip to Lisbon, step by step."), caller),
+        _ttl_expiry(config, body("Help me name a cat."), affinity, wait_ttl, caller),
+        _caller_isolation(config, body("Help me write a haiku about rain."), second_caller,
+                          caller),
         single("tools", "tool requests",
                body("What is the status of order A-1001?", tools=[TOOL])),
         single("forced_tool", "forced tool requests",
@@ -135,41 +139,49 @@ def checklist(config: SidecarConfig, group: str, nonce: str, *, second_caller: b
                body("Which is larger, 9.11 or 9.9? Think it through.",
                     reasoning_effort="low")),
         _cancellation(config, body("Write a long story about a lighthouse keeper.",
-                                   stream=True)),
+                                   stream=True), caller),
         single("low_max_tokens", "low explicit max-token caps",
                body("Count from one to one hundred in words.",
-                    max_completion_tokens=LOW_CAP)),
+                    max_completion_tokens=LOW_CAP), max_output_tokens=LOW_CAP),
     ]
-    return items
 
 
-def _multi_turn(config: SidecarConfig, opening: dict[str, Any]) -> Item:
+def _multi_turn(config: SidecarConfig, opening: dict[str, Any], caller: str | None
+                ) -> Item:
     first = _first_turn_affinity(config, opening)
     second = _follow_up(opening, "Day one: the old town.", "And on day two?")
     pinned = first == "miss_created"
     return Item("multi_turn_affinity", "multi-turn affinity", (
-        Turn(opening, _expect(config, opening, affinity=first)),
-        Turn(second, _expect(config, second, affinity="hit" if pinned else first,
+        Turn(opening, _expect(config, opening, caller, affinity=first)),
+        Turn(second, _expect(config, second, caller, affinity="hit" if pinned else first,
                              same_target_as=0 if pinned else None))))
 
 
 def _ttl_expiry(config: SidecarConfig, opening: dict[str, Any], affinity: Affinity,
-                wait_ttl: bool) -> Item:
+                wait_ttl: bool, caller: str | None) -> Item:
+    """Turn 1 pins; turn 2, half a TTL later, hits; turn 3, half a TTL and a second after
+    that, finds the pin expired: the TTL runs from the pin's creation and the hit did not
+    extend it (the SPEC: "TTL is not extended by hits")."""
     words = "TTL expiry"
+    ttl = affinity.ttl_seconds
     if _first_turn_affinity(config, opening) != "miss_created":
         return Item("ttl_expiry", words, skipped="this group pins no conversation "
                     "(affinity is off, or not a dynamic_score group): no TTL to expire")
     if not wait_ttl:
-        return Item("ttl_expiry", words, skipped=f"needs {affinity.ttl_seconds} s of waiting "
-                    "for the pin to expire: run with --wait-ttl")
-    later = _follow_up(opening, "How about Miso?", "Another idea, please.")
+        return Item("ttl_expiry", words, skipped=f"needs {ttl + 1} s of waiting for the pin "
+                    "to expire: run with --wait-ttl")
+    hit = _follow_up(opening, "How about Miso?", "Another idea, please.")
+    later = _follow_up(hit, "Or Pixel.", "One more, please.")
     return Item("ttl_expiry", words, (
-        Turn(opening, _expect(config, opening, affinity="miss_created")),
-        Turn(later, _expect(config, later, affinity="expired_replaced"), wait_ttl=True)))
+        Turn(opening, _expect(config, opening, caller, affinity="miss_created")),
+        Turn(hit, _expect(config, hit, caller, affinity="hit", same_target_as=0),
+             wait_s=ttl / 2),
+        Turn(later, _expect(config, later, caller, affinity="expired_replaced"),
+             wait_s=ttl / 2 + 1.0)))
 
 
 def _caller_isolation(config: SidecarConfig, opening: dict[str, Any],
-                      second_caller: bool) -> Item:
+                      second_caller: bool, caller: str | None) -> Item:
     words = "caller isolation"
     first = _first_turn_affinity(config, opening)
     if first != "miss_created":
@@ -181,13 +193,15 @@ def _caller_isolation(config: SidecarConfig, opening: dict[str, Any],
     # The second caller opens the very same conversation: it must not find the first
     # caller's pin (a `hit` would mean pins are shared across callers).
     return Item("caller_isolation", words, (
-        Turn(opening, _expect(config, opening, affinity="miss_created")),
-        Turn(opening, _expect(config, opening, affinity="miss_created"),
+        Turn(opening, _expect(config, opening, caller, affinity="miss_created")),
+        Turn(opening, _expect(config, opening, caller, affinity="miss_created"),
              second_caller=True)))
 
 
-def _cancellation(config: SidecarConfig, request: dict[str, Any]) -> Item:
+def _cancellation(config: SidecarConfig, request: dict[str, Any], caller: str | None
+                  ) -> Item:
+    # The check closes the stream after its first event; the gateway must record that the
+    # caller went away (a stream that ends before then cannot be cancelled, and fails).
     return Item("streaming_cancellation", "streaming cancellation", (
-        Turn(request, _expect(config, request, error_class="client_cancel"), cancel=True),),
-        notes=("the check closes the stream after its first event; the gateway must "
-               "record the caller's cancellation",))
+        Turn(request, _expect(config, request, caller, error_class="client_cancel"),
+             cancel=True),))

@@ -29,6 +29,9 @@ class AdminReports:
     def __init__(self, settings: Telemetry) -> None:
         self._settings = settings
         self._running = asyncio.Lock()
+        # The checklist's lookups have their own slot: a report does not hold them up, and
+        # a check polling for its rows does not hold reports up.
+        self._looking_up = asyncio.Lock()
 
     async def answer(self, kind: str, query: str) -> tuple[str, object]:
         if kind not in KINDS:
@@ -77,11 +80,11 @@ class AdminReports:
             return "400 Bad Request", {"error": "trace: one W3C trace id (32 lowercase "
                                                 "hexadecimal digits, not all zero)"}
         if len(since) != 1 or not (since[0].isascii() and since[0].isdigit()
-                                   and 0 < len(since[0]) <= 5):
+                                   and 0 < len(since[0]) <= 5 and int(since[0]) > 0):
             return "400 Bad Request", {"error": "since: seconds, a positive integer"}
-        if self._running.locked():
-            return "429 Too Many Requests", {"error": "a report is already running"}
-        async with self._running:
+        if self._looking_up.locked():
+            return "429 Too Many Requests", {"error": "a lookup is already running"}
+        async with self._looking_up:
             try:
                 rows = await asyncio.to_thread(self._rows_of_trace, trace[0], int(since[0]))
             except Exception as exc:

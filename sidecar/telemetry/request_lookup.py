@@ -1,11 +1,14 @@
-"""The rows of the requests of one W3C trace: what `sidecar rollout check` reads back to see
-what the gateway did with each request it sent (issue 42).
+"""The rows of `sidecar rollout check`'s requests of one W3C trace: what the check reads
+back to see what the gateway did with each request it sent (issue 42).
 
-A caller who sends `traceparent: 00-<trace id>-<span id>-<flags>` finds its request's row
-by that trace id. Only the safe columns a row already holds are returned (names, buckets,
-numbers: docs/telemetry.md §2), at most MAX_ROWS of them, from at most the last
-MAX_SINCE_S seconds: the lookup scans by the started_at index, so what one peer can make it
-read is bounded whatever the table's size.
+The check sends `traceparent: 00-<trace id>-<span id>-<flags>` with a trace id of its own
+prefix, and its rows say `origin = 'rollout_check'`; only such rows are found (a trace id
+is no secret: callers propagate theirs, and the sidecar exports them in spans, so this is
+not a way to read any other request's row). The lookup goes through a partial index that
+holds checklist rows only, so what one peer can make it read is the checklist's rows of at
+most the last MAX_SINCE_S seconds, whatever the table's size; at most MAX_ROWS come back,
+with only the safe columns a row already holds (names, buckets, numbers: docs/telemetry.md
+§2).
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ def valid_trace_id(text: str) -> bool:
     return TRACE_ID.fullmatch(text) is not None and text != "0" * 32
 
 
+def lookup_query(db: Database) -> str:
+    """The lookup, in the database's placeholders: the checklist's rows since a time whose
+    traceparent has a trace id (the partial index `request_rows_checklist` serves it)."""
+    return sql(f"SELECT {', '.join(COLUMNS)} FROM request_rows "
+               "WHERE origin = 'rollout_check' AND started_at >= {p} "
+               f"AND traceparent LIKE {{p}} ORDER BY started_at LIMIT {MAX_ROWS}", db)
+
+
 def rows_of_trace(db: Database, trace_id: str, since_s: float,
                   now: float | None = None) -> list[dict[str, Any]]:
     """The rows of requests sent with this trace id in the last `since_s` seconds (at most
@@ -37,10 +48,7 @@ def rows_of_trace(db: Database, trace_id: str, since_s: float,
     if not valid_trace_id(trace_id):
         raise ValueError("trace: 32 lowercase hexadecimal digits, not all zero")
     since = (time.time() if now is None else now) - min(max(since_s, 1.0), MAX_SINCE_S)
-    # The trace id is checked above: a LIKE pattern of hex digits has no wildcard in it.
-    query = sql(f"SELECT {', '.join(COLUMNS)} FROM request_rows "
-                "WHERE started_at >= {p} AND traceparent LIKE {p} "
-                f"ORDER BY started_at LIMIT {MAX_ROWS}", db)
     with db.transaction() as cursor:
-        cursor.execute(query, [since, f"00-{trace_id}-%"])
+        # The trace id is checked above: a LIKE pattern of hex digits has no wildcard in it.
+        cursor.execute(lookup_query(db), [since, f"00-{trace_id}-%"])
         return [dict(zip(COLUMNS, values, strict=True)) for values in cursor.fetchall()]

@@ -92,8 +92,11 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             error_rate_delta DOUBLE PRECISION NOT NULL, dropped BIGINT NOT NULL)""",
         "CREATE INDEX shadow_rollups_at ON shadow_rollups (at)",
     )),
-    (9, (  # where a request came from: rollout_check for `sidecar rollout check` (#42)
+    (9, (  # where a request came from: rollout_check for `sidecar rollout check` (#42);
+        #      the partial index holds the checklist's rows only (request_lookup.py)
         "ALTER TABLE request_rows ADD COLUMN origin TEXT",
+        "CREATE INDEX request_rows_checklist ON request_rows (started_at) "
+        "WHERE origin = 'rollout_check'",
     )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")

@@ -122,13 +122,21 @@ def test_explain_names_the_evaluation_behind_eval_quality(tmp_path: Path) -> Non
                "--request", str(request)]
     table = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
-    assert ("  baseten/gpt-oss-120b: evaluation: quality_score 0.9; validation: status passed, "
-            "pass_rate 0.8, suite coding-regression-v3, validated_at 2026-11-30"
-            ) in table.stdout.splitlines()
-    assert ("  minimax/m3: none (eval_quality_score is the neutral 0.5)"
+    assert ("  baseten/gpt-oss-120b: eval_quality_score 0.850 from evaluation: quality_score "
+            "0.9; validation: status passed, pass_rate 0.8, suite coding-regression-v3, "
+            "validated_at 2026-11-30") in table.stdout.splitlines()
+    assert ("  minimax/m3: eval_quality_score 0.500 from nothing configured (neutral)"
             in table.stdout.splitlines())
+    # A failed validation scores 0, whatever the evaluation says.
+    targets[1]["validation"] = {"status": "failed", "suite": "smoke"}
+    edited.write_text(yaml.safe_dump(config))
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    assert ("  minimax/m3: eval_quality_score 0.000 from validation: status failed, suite smoke"
+            in failed.splitlines())
     document = json.loads(subprocess.run([*command, "--format", "json"], capture_output=True,
                                          text=True, timeout=60).stdout)
-    assert document["evaluation_metadata"]["baseten/gpt-oss-120b"]["validation"] == {
-        "status": "passed", "pass_rate": 0.8, "suite": "coding-regression-v3",
-        "validated_at": "2026-11-30"}
+    entry = document["evaluation_metadata"]["baseten/gpt-oss-120b"]
+    assert entry["validation"] == {"status": "passed", "pass_rate": 0.8,
+                                   "suite": "coding-regression-v3",
+                                   "validated_at": "2026-11-30"}
+    assert entry["eval_quality_score"] == pytest.approx(0.85)

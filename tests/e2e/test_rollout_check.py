@@ -107,7 +107,7 @@ def test_the_spec_sample_group_passes_and_says_what_it_cannot_serve(gateway) -> 
     assert "complexity complex" in rows["code_debug", 1]["happened"]
     assert "affinity hit" in rows["multi_turn_affinity", 2]["happened"]
     assert "affinity miss_created" in rows["caller_isolation", 2]["happened"]
-    assert "error_class client_cancel" in rows["streaming_cancellation", 1]["happened"]
+    assert "error class client_cancel" in rows["streaming_cancellation", 1]["happened"]
     assert rows["ttl_expiry", 0]["result"] == "skipped"
     assert "--wait-ttl" in rows["ttl_expiry", 0]["happened"]
     # The rows say where these requests came from.
@@ -123,9 +123,10 @@ def test_a_group_declaring_every_capability_runs_every_item(gateway) -> None:
                    str(workdir / "team-b.token"), "--wait-ttl")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "rollout check of group every-kind: 15 passed, 0 failed, 0 not run"
+    assert lines[0] == "rollout check of group every-kind: 16 passed, 0 failed, 0 not run"
     ttl = [line for line in lines if " ttl_expiry " in f" {line} "]
-    assert len(ttl) == 2 and "affinity expired_replaced" in ttl[1], ttl
+    assert len(ttl) == 3 and "affinity hit" in ttl[1], ttl
+    assert "affinity expired_replaced" in ttl[2], ttl
     assert all(line.startswith("✔") for line in lines[3:] if line.strip())
 
 
@@ -138,6 +139,30 @@ def test_a_failing_item_is_marked_and_the_exit_code_says_so(gateway) -> None:
     assert rows["simple_text", 1]["result"] == "pass"
     document = json.loads(result.stdout)
     assert document["failed"] >= 1
+
+
+def test_a_configuration_that_is_not_what_the_gateway_runs_fails(gateway) -> None:
+    """The operator's file says the group pins nothing; the gateway pins: the affinity
+    items say ✘ (the check judges the gateway against the file it is given)."""
+    up, workdir = gateway
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["models"]["every-kind"]["routing_policy"]["dynamic_score"]["affinity"] = {
+        "enabled": False}
+    drifted = workdir / "drifted.yaml"
+    drifted.write_text(yaml.safe_dump(config, sort_keys=False))
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "rollout", "check", "--config", str(drifted),
+         "--group", "every-kind", "--url", up.base_url,
+         "--admin", f"http://127.0.0.1:{up.admin_http_port}",
+         "--token-file", str(workdir / "team-a.token"), "--format", "json"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = rows_of(result)
+    first = rows["multi_turn_affinity", 1]
+    assert first["result"] == "fail" and "affinity disabled" in first["should"]
+    assert "affinity miss_created" in first["happened"]
+    assert rows["multi_turn_affinity", 2]["result"] == "fail"
+    assert rows["simple_text", 1]["result"] == "pass"  # nothing about affinity expected
 
 
 def test_bad_arguments_are_clear(gateway) -> None:

@@ -55,11 +55,14 @@ def test_affinity_items_pin_then_hit_and_say_why_they_need_more() -> None:
     assert first.expect.affinity == "miss_created"
     assert (second.expect.affinity, second.expect.same_target_as) == ("hit", 0)
     assert second.body["messages"][0] == first.body["messages"][0]
-    assert "--wait-ttl" in found["ttl_expiry"].skipped and "600 s" in found["ttl_expiry"].skipped
+    assert "--wait-ttl" in found["ttl_expiry"].skipped and "601 s" in found["ttl_expiry"].skipped
     assert "second caller" in found["caller_isolation"].skipped
     ready = items(second_caller=True, wait_ttl=True)
-    _, later = ready["ttl_expiry"].turns
-    assert later.wait_ttl and later.expect.affinity == "expired_replaced"
+    # A hit half a TTL in does not extend the pin: half a TTL and a second later it expired.
+    first_turn, hit, later = ready["ttl_expiry"].turns
+    assert (first_turn.wait_s, hit.wait_s, later.wait_s) == (0.0, 300.0, 301.0)
+    assert (hit.expect.affinity, hit.expect.same_target_as) == ("hit", 0)
+    assert later.expect.affinity == "expired_replaced"
     mine, theirs = ready["caller_isolation"].turns
     assert theirs.second_caller and not mine.second_caller
     assert mine.body == theirs.body and theirs.expect.affinity == "miss_created"
@@ -86,37 +89,64 @@ def test_each_run_opens_new_conversations() -> None:
     assert one[0].turns[0].body != two[0].turns[0].body
 
 
+def row(target: str, **columns):  # type: ignore[no-untyped-def]
+    """A joined row as the admin endpoint returns it."""
+    return {"selected_target": target, "serving_target": target, "status": 200,
+            "join_kind": "joined", "complexity": "simple", "affinity": "miss_created",
+            "error_class": "ok", "output_tokens": 5} | columns
+
+
 def test_a_turn_is_judged_on_the_row_the_gateway_wrote() -> None:
     found = items()
     simple = found["simple_text"].turns[0]
-    row = {"serving_target": MINIMAX, "complexity": "simple", "affinity": "miss_created"}
-    assert judge(simple, Seen(200), row, [row])
-    assert not judge(simple, Seen(200), {**row, "complexity": "complex"}, [row])
-    assert not judge(simple, Seen(502, "upstream"), row, [row])
+    served = row(MINIMAX)
+    assert judge(simple, Seen(200), served, [served])
+    assert not judge(simple, Seen(200), row(MINIMAX, complexity="complex"), [])
+    assert not judge(simple, Seen(502, "upstream"), served, [served])
     assert not judge(simple, Seen(200), None, [None])
+    # A row without its outcome, or whose outcome failed, is not a pass.
+    assert not judge(simple, Seen(200), row(MINIMAX, join_kind="decision_only"), [])
+    assert not judge(simple, Seen(200), row(MINIMAX, serving_target=None), [])
+    assert not judge(simple, Seen(200), row(MINIMAX, status=503), [])
     debug = found["code_debug"].turns[0]
-    assert not judge(debug, Seen(200), {"serving_target": NANO, "complexity": "complex"}, [])
-    first, second = found["multi_turn_affinity"].turns
-    pinned = {"serving_target": BASETEN, "complexity": "simple", "affinity": "miss_created"}
-    moved = {"serving_target": MINIMAX, "complexity": "simple", "affinity": "hit"}
+    assert not judge(debug, Seen(200), row(NANO, complexity="complex"), [])
+
+
+def test_affinity_is_judged_on_the_selected_target_not_on_who_served_after_a_fallback(
+) -> None:
+    first, second = items()["multi_turn_affinity"].turns
+    # Turn 1 selected baseten, which failed over to minimax: the pin holds baseten.
+    pinned = row(MINIMAX, selected_target=BASETEN)
     assert judge(first, Seen(200), pinned, [pinned])
-    assert judge(second, Seen(200), {**moved, "serving_target": BASETEN}, [pinned, None])
+    hit = row(BASETEN, affinity="hit")
+    assert judge(second, Seen(200), hit, [pinned, hit])
+    moved = row(MINIMAX, affinity="hit")
     assert not judge(second, Seen(200), moved, [pinned, moved])
+
+
+def test_refusals_caps_and_cancellations_are_judged_as_such() -> None:
+    found = items()
     images = found["images"].turns[0]
-    words = images.expect.refusal
-    assert judge(images, Seen(400, words), None, [None])
-    assert not judge(images, Seen(200), {"serving_target": BASETEN}, [])
+    assert judge(images, Seen(400, images.expect.refusal), None, [None])
+    assert not judge(images, Seen(400, "something else"), None, [None])
+    assert not judge(images, Seen(200), row(BASETEN), [])
+    capped = found["low_max_tokens"].turns[0]
+    assert judge(capped, Seen(200), row(NANO, output_tokens=16), [])
+    assert not judge(capped, Seen(200), row(NANO, output_tokens=17), [])
     cancel = found["streaming_cancellation"].turns[0]
-    cancelled = {"serving_target": BASETEN, "complexity": cancel.expect.complexity,
-                 "error_class": "client_cancel"}
+    cancelled = row(BASETEN, error_class="client_cancel")
     assert cancel.cancel and judge(cancel, Seen(200, events=1), cancelled, [cancelled])
-    assert not judge(cancel, Seen(200, events=1), {**cancelled, "error_class": None}, [])
+    # Answered in full before the close: this turn could not test a cancellation.
+    assert judge(cancel, Seen(200, events=1), row(BASETEN), []) is None
+    assert judge(cancel, Seen(200, events=1), row(BASETEN, error_class="reset"), []) is False
 
 
 def test_the_report_says_what_should_and_did_happen_and_exits_for_ci() -> None:
     found = items()
     should = should_text(found["code_debug"].turns[0].expect)
     assert should == f"served by {BASETEN} or {MINIMAX}, complexity complex"
+    capped = should_text(found["low_max_tokens"].turns[0].expect)
+    assert capped.endswith("at most 16 output tokens")
     verdicts = [Verdict("simple_text", 1, "served by x", "200 by x", True),
                 Verdict("ttl_expiry", 0, "TTL expiry", "needs 600 s", None)]
     assert exit_code(verdicts) == 0

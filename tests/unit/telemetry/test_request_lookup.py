@@ -1,6 +1,7 @@
 """The rows of one trace (sidecar/telemetry/request_lookup.py), read back by `sidecar
-rollout check` through `GET /requests?trace=`: SQLite and PostgreSQL, bounded in rows and
-time, the trace id checked before anything is read."""
+rollout check` through `GET /requests?trace=`: SQLite and PostgreSQL, the checklist's rows
+only, bounded in rows and time, the trace id checked before anything is read, and the
+partial index that makes the lookup read nothing else."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_a_trace_s_rows_are_found_and_no_one_else_s(database: Database) -> None:
     found = rows_of_trace(database, CHECK, since_s=900, now=NOW)
     assert [r["request_id"] for r in found] == ["r1", "r3"]  # r4 is older than asked
     assert {r["origin"] for r in found} == {"rollout_check"}
-    assert rows_of_trace(database, OTHER, since_s=900, now=NOW)[0]["origin"] is None
+    # Another request's row is not reachable by its trace id: checklist rows only.
+    assert rows_of_trace(database, OTHER, since_s=900, now=NOW) == []
     # At most an hour back, whatever is asked.
     assert len(rows_of_trace(database, CHECK, since_s=10**9, now=NOW)) == 2
     store.close()
@@ -46,4 +48,20 @@ def test_at_most_max_rows_and_a_bad_trace_id_reads_nothing(database: Database) -
     for bad in ("%", CHECK.upper(), CHECK[:-1], "0" * 32, CHECK + "%"):
         with pytest.raises(ValueError, match="32 lowercase"):
             rows_of_trace(database, bad, since_s=60, now=NOW)
+    store.close()
+
+
+def test_the_lookup_reads_through_the_checklist_index(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite's plan for the lookup uses the partial index (so rows of other requests are
+    never read), whatever the table holds."""
+    from sidecar.telemetry.database import SQLiteDatabase
+    from sidecar.telemetry.request_lookup import lookup_query
+
+    database = SQLiteDatabase(tmp_path / "t.db")
+    store = TelemetryStore(database, replica="r-1")
+    store.write([traced(n, OTHER, NOW - 1) for n in range(200)], [])
+    with database.transaction() as cursor:
+        plan = cursor.execute("EXPLAIN QUERY PLAN " + lookup_query(database),
+                              [NOW - 60, "00-x%"]).fetchall()
+    assert "request_rows_checklist" in " ".join(str(step) for step in plan), plan
     store.close()
