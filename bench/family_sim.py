@@ -13,7 +13,10 @@ the stack's reply gate does (`order_after_failure`, `retry_same_target`; issue 4
 out, the simulator under-counted a sick target's attempts by a third); every attempt is
 observed when it ends, as the access log reports it. Unary replies send their first byte
 once generated (their generation is inside their time to first byte), streams with their
-first token.
+first token. Requests are the bodies the stack's client sends (family_requests.py): routed
+on the gateway's own summary of them, priced on their whole body as the fake providers
+count it, and a conversation goes on after a deterministic pause unless its turn failed
+(issue 41: the simulator routed and priced a prompt string of its own).
 
 Why a simulation: twenty seeds of a family through real Envoy take hours; on the
 simulated clock a five-minute run takes about a second, and the decisions are the shipped
@@ -23,29 +26,31 @@ both agree (docs/routing-under-drift.md §8).
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import math
 import random
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from family_requests import body, follow_up, input_tokens, opening, reply_text, think_s
 from family_workloads import AGENT, CHAT, TURNS, Job, Member, Profile, arrivals
 
 from sidecar.config.loading import load_config_data
 from sidecar.dialects.apis import Dialect
+from sidecar.dialects.shape import request_shape
 from sidecar.gateway.attempt_orders import earns_same_target, order_after_failure
+from sidecar.gateway.handler import affinity_key
+from sidecar.gateway.scan import scan_limit
 from sidecar.observe.records import Observation, Outcome
 from sidecar.observe.store import ObservationStore
 from sidecar.routing.decision import Decision
-from sidecar.routing.request import RequestSummary
 from sidecar.routing.router import Router
 
 GROUP = "family"
+CALLER = "bench"
 SPEC_SAMPLE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "spec_sample.yaml"
 # Phase lengths in observation windows: warm, steady, degrade, recover.
 PHASE_WINDOWS = {"warm": 1.0, "steady": 1.0, "degrade": 3.0, "recover": 3.0}
@@ -128,6 +133,9 @@ class Run:
     window: int
     results: list[Served] = field(default_factory=list)
     attempts: list[tuple[float, str]] = field(default_factory=list)  # (sent at, slot)
+    # How late each conversation's first turn left the client against its arrival (s):
+    # none here; the stack's client may fall behind (family_stack.py, issue 41).
+    lateness: list[float] = field(default_factory=list)
 
 
 class _Clock:
@@ -143,18 +151,18 @@ class _Clock:
 class Simulation:
     def __init__(self, member: Member, strategy: str, window: int, rate: float,
                  noise: int = 0) -> None:
-        """`noise`: another draw of the providers' chance and the users' pauses on the same
-        member and arrivals (0: the draw the committed figures used); what one run of the
-        real stack may land on is the spread over draws (routing_stack_family.py)."""
+        """`noise`: another draw of the providers' chance on the same member and arrivals
+        (0: the draw the committed figures used); what one run of the real stack may land
+        on is the spread over draws (routing_stack_family.py)."""
         self.member = member
         self.clock = _Clock()
         config = group_config(member, strategy, window)
         self.store = ObservationStore.for_config(config, self.clock)
         self.router = Router(config, clock=self.clock, wall_clock=self.clock)
-        self.fallback = config.models[GROUP].fallback  # the shipped attempt order
+        self.group = config.models[GROUP]
+        self.fallback = self.group.fallback  # the shipped attempt order
+        self.scan = scan_limit(self.group)
         self.profiles = {slot: profile for slot, profile, _ in member.targets}
-        self.chance = random.Random(member.seed * 104_729 + zlib.crc32(strategy.encode())
-                                    + noise * 7_919)
         self.outcome_chance = random.Random(member.seed * 15_485_863 + noise * 6_700_417)
         self.phases, total = phases(window)
         self.jobs = arrivals(member.seed, member.mix, total, rate)
@@ -167,7 +175,7 @@ class Simulation:
 
     def simulate(self) -> Run:
         for job in self.jobs:
-            self.at(job.at, lambda job=job: self.request(job, 0, job.prompt, None))
+            self.at(job.at, lambda job=job: self.request(job, 0, opening(job), None))
         while self.events:
             when, _, action = heapq.heappop(self.events)
             self.clock.now = when
@@ -175,16 +183,17 @@ class Simulation:
         return self.run
 
     # A request: decided on arrival, then tried along its order.
-    def request(self, job: Job, turn: int, prompt: str, before: str | None) -> None:
-        key = (hashlib.sha256(f"conversation {job.ident}".encode()).digest()
-               if job.kind in (CHAT, AGENT) else None)
-        summary = RequestSummary(GROUP, "bench", Dialect.OPENAI_CHAT, stream=job.stream,
-                                 has_tools=job.kind == AGENT, prompt_chars=len(prompt),
-                                 prompt_sample=prompt[:16_384], conversation_key=key)
+    def request(self, job: Job, turn: int, messages: list[dict], before: str | None) -> None:
+        # The gateway's own summary of the body the stack's client sends (family_requests).
+        payload = body(job, messages, GROUP)
+        summary = request_shape(Dialect.OPENAI_CHAT, payload, self.scan).summary(
+            GROUP, CALLER, Dialect.OPENAI_CHAT, conversation_key=affinity_key(
+                CALLER, GROUP, self.group, Dialect.OPENAI_CHAT, payload))
         decision = self.router.decide(summary, self.store)
         start = self.clock.now
         if not isinstance(decision, Decision):
-            self.finish(job, turn, start, None, None, None, 0.0, True, False, False, prompt)
+            self.finish(job, turn, start, None, None, None, 0.0, True, False, False, messages,
+                        0)
             return
         trace = decision.trace
         excluded = {target for target, _ in trace.exclusions}
@@ -192,7 +201,7 @@ class Simulation:
         order = [c.target.provider
                  for c in self.fallback.attempt_order(decision.ordered)]
         context = (job, turn, start, order[0], trace.complexity, forced,
-                   trace.probe is not None, prompt)
+                   trace.probe is not None, messages)
         self.attempt(order, 0, context, self.fallback.retries_lone_target(
             len(decision.ordered)))
 
@@ -229,11 +238,12 @@ class Simulation:
                 self.at(self.clock.now + delay,
                         lambda: self.attempt(after, index + 1, context, lone))
                 return
-            _, turn, start, primary, complexity, forced, probe, prompt = context
-            cost = 0.0 if failed else (len(prompt) / 4 * profile.input_per_mtok
-                                       + tokens * profile.output_per_mtok) / 1e6
+            _, turn, start, primary, complexity, forced, probe, messages = context
+            cost = 0.0 if failed else (
+                input_tokens(job, messages, profile.kind) * profile.input_per_mtok
+                + tokens * profile.output_per_mtok) / 1e6
             self.finish(job, turn, start, primary, None if failed else slot, complexity, cost,
-                        failed, forced, probe, prompt)
+                        failed, forced, probe, messages, tokens)
 
         self.at(started + duration, done)
 
@@ -268,15 +278,15 @@ class Simulation:
 
     def finish(self, job: Job, turn: int, start: float, primary: str | None,
                serving: str | None, complexity: str | None, cost: float, error: bool,
-               forced: bool, probe: bool, prompt: str) -> None:
+               forced: bool, probe: bool, messages: list[dict], tokens: int) -> None:
         self.run.results.append(Served(job.kind, job.ident, turn, start,
                                          self.clock.now - start, primary, serving,
                                          complexity, cost, error, forced, probe))
-        if job.kind in (CHAT, AGENT) and turn + 1 < TURNS:
-            think = self.chance.uniform(1.0, 4.0)
-            follow = (prompt + "\nassistant: " + "word " * 60 + "\nuser: and then? "
-                      f"(turn {turn + 1})")
-            self.at(self.clock.now + think,
+        # As the stack's client: a conversation goes on after its user's pause, with the
+        # reply in its history, unless the turn failed.
+        if job.kind in (CHAT, AGENT) and turn + 1 < TURNS and not error:
+            follow = follow_up(messages, reply_text(tokens), job, turn + 1)
+            self.at(self.clock.now + think_s(job),
                     lambda: self.request(job, turn + 1, follow, primary))
 
 

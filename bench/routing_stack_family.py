@@ -29,16 +29,19 @@ from family_workloads import member
 
 
 def _one_stack(seed: int, strategy: str, window: int, rate: float, workdir: Path
-               ) -> tuple[Figures, float]:
-    """One strategy's run, in its own process: its figures, and the share of a core this
-    process (the client and the fake providers) used over it."""
+               ) -> tuple[Figures, tuple[float, float]]:
+    """One strategy's run, in its own process: its figures, the share of a core this
+    process (the client and the fake providers) used over it, and how late the client
+    sent its conversations' first turns (99th percentile, s)."""
     began, cpu = time.monotonic(), time.process_time()
-    run = figures(run_on_stack(member(seed), strategy, window, rate, workdir))
-    return run, (time.process_time() - cpu) / (time.monotonic() - began)
+    run = run_on_stack(member(seed), strategy, window, rate, workdir)
+    late = sorted(run.lateness) or [0.0]
+    return figures(run), ((time.process_time() - cpu) / (time.monotonic() - began),
+                          late[min(len(late) - 1, int(0.99 * len(late)))])
 
 
 def _stack_pair(seed: int, strategy: str, window: int, rate: float, workdir: Path
-                ) -> tuple[dict[str, Figures], dict[str, float]]:
+                ) -> tuple[dict[str, Figures], dict[str, tuple[float, float]]]:
     """Both strategies at once, each with its client and fake providers in a process of
     its own: in one process (threads) the two shared one core, which at 32 requests a
     second each was saturated and stretched every provider's latency (issue 41)."""
@@ -53,6 +56,12 @@ def _stack_pair(seed: int, strategy: str, window: int, rate: float, workdir: Pat
 
 
 LOAD = "client and fakes, share of a core"
+LATE = "client's first turns late, p99 (s)"
+# Past this the stack was sent a burstier workload than the simulator: the drain and the
+# return are timed on 5 s shares, which a fifth of that leaves alone (issue 41: a client
+# up to 2.4 s behind, p90 1.5 s, sent 300 requests in one 5 s and 20 in the next, and the
+# stack's drain looked earlier than the simulator's).
+LATE_LIMIT_S = 1.0
 DRAWS = 10  # the simulator's draws per member: the spread one stack run may land in
 
 
@@ -63,18 +72,37 @@ def _simulated(seed: int, strategy: str, window: int, rate: float) -> list[dict[
             for noise in range(DRAWS)]
 
 
-def _load_text(loads: list[float | None]) -> str:
+def _load_text(loads: list[float | None], lates: list[float | None]) -> str:
     known = [load for load in loads if load is not None]
     if not known:
         return "The client's and fakes' load was not recorded for these runs."
-    return (f"Each strategy's client and fake providers used at most {100 * max(known):.0f} % "
+    text = (f"Each strategy's client and fake providers used at most {100 * max(known):.0f} % "
             "of a core (their own process).")
+    timed = [late for late in lates if late is not None]
+    if not timed:
+        return text + " How late the client sent its arrivals was not recorded."
+    text += (" The client sent its conversations' first turns at most "
+             f"{1000 * max(timed):.0f} ms late (99th percentile, worst member)")
+    if max(timed) > LATE_LIMIT_S:
+        return text + (f", **more than {1000 * LATE_LIMIT_S:.0f} ms: the stack was sent a "
+                       "burstier workload than the simulator, and its figures are not of the "
+                       "same arrivals**.")
+    return text + "."
 
 
-def _within(value: float, draws: list[float], goal: Goal) -> bool:
-    """Inside the draws' range, widened by half a unit of the figure's display."""
-    slack = {"%": 0.0005, "w": 0.005, "n": 0.5}.get(goal.unit, 0.0)
+def _within(value: float, draws: list[float], goal: Goal, bound: float = 0.0) -> bool:
+    """Inside the draws' range, widened by half a unit of the figure's display (and by
+    `bound`, the simulator's stated bound for the figure)."""
+    slack = {"%": 0.0005, "w": 0.005, "n": 0.5}.get(goal.unit, 0.0) + bound
     return min(draws) - slack <= value <= max(draws) + slack
+
+
+# The bound the simulator is held to (docs/routing-under-drift.md §9): a stack figure lies
+# within the simulator's draws' range widened by this much. What one stack run adds to the
+# simulator's own chance: 3 points of saving, 0.15 windows of drain or return (a few 5 s
+# shares at 150 s), 0.3 points of a sick target's share; the rest exactly.
+BOUNDS = {"simple-request saving vs weighted": 0.03, "time to drain (windows)": 0.15,
+          "sick share after drain": 0.003, "back to half share (windows)": 0.15}
 
 
 def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
@@ -92,7 +120,8 @@ def stack_family(seeds: Sequence[int], strategy: str, window: int, rate: float,
         print(f"seed {seed}: {member(seed).name} ...", flush=True)
         pair, load = _stack_pair(seed, strategy, window, rate, workdir)
         stack[seed] = {**per_seed(pair["weighted"], pair[strategy]),
-                       LOAD: max(load.values())}
+                       LOAD: max(cpu for cpu, _ in load.values()),
+                       LATE: max(late for _, late in load.values())}
         if raw is not None:
             raw.write_text(json.dumps(stack, indent=1, sort_keys=True) + "\n")
     draws = {seed: _simulated(seed, strategy, window, rate) for seed in seeds}
@@ -121,10 +150,12 @@ def _table(seeds: Sequence[int], strategy: str, window: int, rate: float,
              f"bench/family_sim.py on the same members, {DRAWS} draws of the providers' "
              "chance each; its figure per member is the median over the draws, and a stack "
              "figure is *within* when it lies in the draws' range. "
-             + _load_text([stack[s].get(LOAD) for s in seeds]), "",
+             + _load_text([stack[s].get(LOAD) for s in seeds],
+                          [stack[s].get(LATE) for s in seeds]), "",
              "| figure | goal (median / worst decile) | stack median | stack worst | "
-             "simulator median | simulator worst | stack within the simulator's range |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "simulator median | simulator worst | stack within the simulator's range | "
+             "within its stated bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     ours = dict(zip(GOALS, summary([stack[s] for s in seeds]), strict=True))
     theirs = dict(zip(GOALS, summary([simulated[s] for s in seeds]), strict=True))
     for goal in GOALS:
@@ -132,10 +163,14 @@ def _table(seeds: Sequence[int], strategy: str, window: int, rate: float,
         _, m2, w2, _ = theirs[goal]
         inside = sum(_within(stack[s][goal.name], [d[goal.name] for d in draws[s]], goal)
                      for s in seeds)
+        bound = BOUNDS.get(goal.name, 0.0)
+        bounded = sum(_within(stack[s][goal.name], [d[goal.name] for d in draws[s]], goal,
+                              bound) for s in seeds)
+        bound_text = f"±{show(bound, goal.unit)}" if bound else "exactly"
         lines.append(f"| {goal.name} | {goal_text(goal)} | {show(m1, goal.unit)}"
                      f"{'' if met1 else ' ✘'} | {show(w1, goal.unit)} | "
                      f"{show(m2, goal.unit)} | {show(w2, goal.unit)} | "
-                     f"{inside} of {len(seeds)} |")
+                     f"{inside} of {len(seeds)} | {bounded} of {len(seeds)} ({bound_text}) |")
     lines += ["", "Per member: stack / simulator median [simulator's range over its draws]; "
               "† the stack outside that range:",
               "", "| seed | member | " + " | ".join(g.name for g in GOALS) + " |",
