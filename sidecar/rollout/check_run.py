@@ -234,7 +234,7 @@ class Gateway:
         headers = {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         try:
             answer = self._http.get(self.admin_url.rstrip("/") + "/requests",
-                                    params={"trace": "c4ec1157" + "0" * 23 + "1",
+                                    params={"trace": CHECK_TRACE_PREFIX + "0" * 23 + "1",
                                             "since": 1}, headers=headers, timeout=10.0)
         except httpx.HTTPError as exc:
             return f"cannot reach the admin endpoint {self.admin_url}: {type(exc).__name__}"

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import parse_qs
 
 from sidecar.commands.report import filters_for, report_document
 from sidecar.config.service_settings import Telemetry
-from sidecar.telemetry.database import open_database
+from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import BY, KINDS
 from sidecar.telemetry.request_lookup import rows_of_trace, valid_trace_id
 
 MAX_VALUE_CHARS = 256
+T = TypeVar("T")
 _KEYS = {"since", "until", "group", "caller", "by"}
 
 
@@ -60,7 +63,9 @@ class AdminReports:
             return "429 Too Many Requests", {"error": "a report is already running"}
         async with self._running:
             try:
-                document = await asyncio.to_thread(self._read, kind, filters, by)
+                document = await asyncio.to_thread(
+                    self._read_only,
+                    lambda db: report_document(db, kind, filters, by))
             except Exception as exc:  # the database is away: say so, never its DSN
                 return "503 Service Unavailable", {
                     "error": f"telemetry database unavailable ({type(exc).__name__})"}
@@ -86,24 +91,18 @@ class AdminReports:
             return "429 Too Many Requests", {"error": "a lookup is already running"}
         async with self._looking_up:
             try:
-                rows = await asyncio.to_thread(self._rows_of_trace, trace[0], int(since[0]))
+                rows = await asyncio.to_thread(
+                    self._read_only, lambda db: rows_of_trace(db, trace[0], int(since[0])))
             except Exception as exc:
                 return "503 Service Unavailable", {
                     "error": f"telemetry database unavailable ({type(exc).__name__})"}
         return "200 OK", {"trace": trace[0], "rows": rows}
 
-    def _rows_of_trace(self, trace: str, since: int) -> list[dict[str, object]]:
+    def _read_only(self, read: Callable[[Database], T]) -> T:
+        """`read` on a read-only connection of its own (run on a worker thread)."""
         db = open_database(self._settings, read_only=True)
         try:
             db.open()
-            return rows_of_trace(db, trace, since)
-        finally:
-            db.close()
-
-    def _read(self, kind: str, filters: object, by: str) -> dict[str, object]:
-        db = open_database(self._settings, read_only=True)
-        try:
-            db.open()
-            return report_document(db, kind, filters, by)  # type: ignore[arg-type]
+            return read(db)
         finally:
             db.close()
