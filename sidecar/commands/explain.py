@@ -162,6 +162,8 @@ def as_table(outcome: Decision | NoEligibleTarget,
                         if trace.selection else None),
         "odds": "  ".join(f"{t} {p:.3f}" for t, p in trace.odds) or None,
         "policy_version": trace.policy_version or None,
+        "canary": (f"{trace.canary} (the candidate decides this conversation)"
+                   if trace.canary == "canary" else trace.canary),
     }
     lines += [f"{key}: {value}" for key, value in details.items() if value]
     if trace.blend:

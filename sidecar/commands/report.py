@@ -12,6 +12,7 @@ from typing import Any
 
 from sidecar.commands.text_table import format_table
 from sidecar.config.service_settings import Telemetry
+from sidecar.telemetry.canary_report import canary_report
 from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import Filters, parse_since, report, shadow_report
 from sidecar.telemetry.store import TelemetryStore
@@ -28,6 +29,7 @@ def report_document(db: Database, kind: str, filters: Filters, by: str) -> dict[
                 "rows": report(db, kind, filters, by)}
     if kind == "decisions":  # and how each group's shadow policy would have decided
         document["shadow"] = shadow_report(db, filters)
+        document["canary"] = canary_report(db, filters)  # and each canary's sides
     return document
 
 
@@ -56,6 +58,13 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
     text = _table(flat) if flat else f"no {kind} in that period"
     if shadow:
         text += "\n\nshadow policies against the live ones:\n" + _table(shadow)
+    canary = document.get("canary") or {}
+    if canary.get("sides"):
+        text += "\n\ncanaries, by side:\n" + _table(
+            [{k: _cell(v) for k, v in row.items()} for row in canary["sides"]])
+    if canary.get("events"):
+        text += "\n\ncanaries withdrawn:\n" + _table(
+            [{k: _cell(v) for k, v in row.items()} for row in canary["events"]])
     return text
 
 

@@ -41,6 +41,7 @@ from sidecar.config.fleet import FleetSettings
 from sidecar.config.hedge_policy import HedgePolicy
 from sidecar.config.policy import DynamicScorePolicy, RoutingPolicy
 from sidecar.config.quotas import CallerQuotas, QuotaSettings
+from sidecar.config.rollout import Rollout
 from sidecar.config.service_settings import Limits, Observations, Sessions, Telemetry
 from sidecar.config.shadow import ShadowPolicy
 from sidecar.config.strategy_policies import ExternalPolicy, ResponseCache, ScriptPolicy
@@ -209,6 +210,8 @@ class ModelGroup(StrictModel):
     shadow: ShadowPolicy | None = None
     # Hedged first tokens (docs/hedging.md); unset: off.
     hedge: HedgePolicy | None = None
+    # A guarded canary of a candidate configuration (rollout.py, docs/rollout.md).
+    rollout: Rollout | None = None
 
     # That `strategy: script` has its `script` block (and `external` its `external`) and that
     # the rules name targets of the group are cross-references (references.py): checked
@@ -241,17 +244,75 @@ class ModelGroup(StrictModel):
                                  f"{', '.join(unknown)} (targets: {', '.join(sorted(labels))})")
         return self
 
+    @model_validator(mode="after")
+    def _canary_names_targets(self) -> ModelGroup:
+        canary = self.rollout.canary if self.rollout is not None else None
+        if canary is None:
+            return self
+        if self.strategy == "external":
+            raise ValueError("rollout.canary is not available in a strategy: external group "
+                             "(the routing service decides its targets)")
+        labels = [f"{t.provider}/{t.model_ref}" for t in self.targets]
+        unknown = sorted((set(canary.weights) | set(canary.targets)) - set(labels))
+        if unknown:
+            raise ValueError(f"rollout.canary names no target of this group: "
+                             f"{', '.join(unknown)} (targets: {', '.join(sorted(labels))})")
+        if set(labels) <= set(canary.targets):
+            raise ValueError("rollout.canary.targets lists every target of the group: the "
+                             "live side would have none")
+        if not canary.targets and self.canary_group() == self.model_copy(
+                update={"rollout": None, "shadow": None}):
+            raise ValueError("rollout.canary changes nothing: set a strategy, routing_policy, "
+                             "weights or canary-only targets")
+        return self
+
+    @property
+    def canary_only(self) -> frozenset[int]:
+        """Indexes of the targets only a canary routes to (none without one)."""
+        canary = self.rollout.canary if self.rollout is not None else None
+        if canary is None or not canary.targets:
+            return frozenset()
+        return frozenset(index for index, t in enumerate(self.targets)
+                         if f"{t.provider}/{t.model_ref}" in canary.targets)
+
+    def live_group(self) -> ModelGroup:
+        """The group as its live side decides: without its canary, or the canary's own
+        targets (its policy version is the one the group had before the canary)."""
+        if self.rollout is None:
+            return self
+        only = self.canary_only
+        return self.model_copy(update={
+            "rollout": None,
+            "targets": [t for index, t in enumerate(self.targets) if index not in only]})
+
+    def canary_group(self) -> ModelGroup | None:
+        """The group as its canary's candidate has it, every target included (None without
+        one). Target order is the group's: a decision's target indexes mean the same."""
+        canary = self.rollout.canary if self.rollout is not None else None
+        if canary is None:
+            return None
+        return self.model_copy(update={
+            "strategy": canary.strategy or self.strategy,
+            "targets": self._reweighted(canary.weights),
+            "routing_policy": canary.routing_policy or self.routing_policy,
+            "shadow": None, "rollout": None})
+
     def shadow_group(self) -> ModelGroup | None:
         """The group as its shadow policy would have it (None without one)."""
         shadow = self.shadow
         if shadow is None:
             return None
-        targets = [t.model_copy(update={"weight": shadow.weights[label]})
-                   if (label := f"{t.provider}/{t.model_ref}") in shadow.weights else t
-                   for t in self.targets]
         return self.model_copy(update={
-            "strategy": shadow.strategy or self.strategy, "targets": targets,
-            "routing_policy": shadow.routing_policy or self.routing_policy, "shadow": None})
+            "strategy": shadow.strategy or self.strategy,
+            "targets": self._reweighted(shadow.weights),
+            "routing_policy": shadow.routing_policy or self.routing_policy, "shadow": None,
+            "rollout": None})
+
+    def _reweighted(self, weights: dict[str, int]) -> list[Target]:
+        """The targets, in order, with the weights `weights` gives by label."""
+        return [t.model_copy(update={"weight": weights[label]})
+                if (label := f"{t.provider}/{t.model_ref}") in weights else t
+                for t in self.targets]
 
     @property
     def caches_responses(self) -> bool:

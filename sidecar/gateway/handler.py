@@ -53,6 +53,7 @@ from sidecar.gateway.sessions import (
 )
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.quotas.admission import Quotas
+from sidecar.rollout.canary_guard import CanaryGuard
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
@@ -93,6 +94,8 @@ class Gateway:
         self.shadows = shadow_decider(runtime.config, observations)
         # Hedging groups' budgets and deadlines (gateway/hedging.py).
         self.hedges = Hedges(runtime.config)
+        # The guards of groups' canaries (rollout/canary_guard.py), set by the assembly.
+        self.canary: CanaryGuard | None = None
         # Deciders a reload replaced, until the shadow loop has drained and rolled them up.
         self.retired_shadows: list[ShadowDecider] = []
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
@@ -246,6 +249,9 @@ class Gateway:
             self.external.outcomes[(model, decision.trace.external)] += 1
         if self._log_decisions:
             log_decision(decision, pending.caller.name)
+        if decision.trace.canary is not None and self.canary is not None:
+            self.canary.decided(pending.request_id, model, decision.trace.canary,
+                                decision.trace.policy_version)
         if self._telemetry is not None and pending.request_id:
             self._telemetry.decided(DecisionFacts(
                 pending.request_id, time.time(), pending.caller.name, model, decision,

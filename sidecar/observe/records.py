@@ -40,6 +40,18 @@ _ERRORS = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT
                      Outcome.INVALID_RESPONSE})
 
 
+# What ends a request as failed, at the request's level (a canary's guard, its report): an
+# error of the target's or a timeout. A caller's hang-up, a refusal of the caller's own
+# request and a prompt too long for the window are not the target's failures.
+_FAILED_ENDS = frozenset({*(o.value for o in _ERRORS), Outcome.UPSTREAM_TIMEOUT.value})
+
+
+def request_failed(status: int | None, error_class: str | None) -> bool:
+    """Whether a request's end (its final status and outcome class) was a failure."""
+    return (status is None or status <= 0 or status >= 500
+            or (error_class is not None and error_class in _FAILED_ENDS))
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     target: str                      # provider/model_ref

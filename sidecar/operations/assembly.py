@@ -29,6 +29,8 @@ from sidecar.operations.admin import AdminServer, check_exposure
 from sidecar.operations.log_format import current as log_format_now
 from sidecar.quotas.admission import Quotas
 from sidecar.quotas.metrics import add_quota_metrics
+from sidecar.rollout.canary_guard import CanaryGuard
+from sidecar.rollout.canary_metrics import add_canary_metrics
 from sidecar.routing.router import Router
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
@@ -62,6 +64,8 @@ class RunningSidecar:
     fleet: FleetChannel | None = field(default=None)
     shadows: ShadowLoop | None = field(default=None)
     reloader: Reloader | None = field(default=None)
+    # Judges groups' canaries every second (rollout/canary_guard.py).
+    canary_guards: asyncio.Task | None = field(default=None)
     # External routing clients a reload replaced: closed once their calls are done.
     _retired: list[ExternalCalls] = field(default_factory=list)
 
@@ -80,6 +84,8 @@ class RunningSidecar:
         if self.reloader is not None and self.reloader.watcher is not None:
             self.reloader.watcher.cancel()
         await self.admin.stop()
+        if self.canary_guards is not None:
+            self.canary_guards.cancel()
         await self.server.stop(grace=grace)
         await self.quotas.stop()
         if self.fleet is not None:
@@ -142,7 +148,17 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     gateway = Gateway(runtime, observations=store, log_decisions=log_decisions,
                       telemetry=telemetry, external=external, caches=caches, quotas=quotas)
     fleet = fleet_channel(config, gateway, store) if enabled else None
-    sinks = [sink for sink in (telemetry, quotas.ledger) if sink is not None]
+    # Groups' canaries, judged on their requests' ends (docs/rollout.md); the withdrawals
+    # the telemetry database records reach every replica that shares it, and a restart.
+    reports = AdminReports(config.telemetry) if telemetry is not None else None
+    canary = CanaryGuard(lambda: gateway.runtime.router, lambda: gateway.runtime.config,
+                         telemetry.canary if telemetry is not None else None,
+                         reports.withdrawn_canaries if reports is not None else None,
+                         max_request_s=longest_request_s(config))
+    if enabled:
+        gateway.canary = canary
+    sinks = [sink for sink in (telemetry, quotas.ledger, canary if enabled else None)
+             if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=FanOut(sinks), hedges=lambda: gateway.hedges)
@@ -164,6 +180,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     add_routing_metrics(metrics, gateway)
     add_shadow_metrics(metrics, lambda: gateway.shadows)
     add_hedge_metrics(metrics, lambda: gateway.hedges)
+    add_canary_metrics(metrics, canary, lambda: gateway.runtime.router,
+                       lambda: list(gateway.runtime.config.models))
     if receiver is not None:
         metrics.add_counter("access_log_entries", "Envoy access-log entries received, by log",
                             ("log",), lambda: {(name,): n for name, n in receiver.entries.items()})
@@ -186,7 +204,6 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         metrics.add_counter("fleet_rounds", "fleet channel rounds by outcome", ("outcome",),
                             lambda: {(k,): v for k, v in fleet.rounds.items()})
         fleet.start()
-    reports = AdminReports(config.telemetry) if telemetry is not None else None
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
     try:
@@ -199,9 +216,12 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         if telemetry is not None:
             await telemetry.stop()
         raise OSError(f"cannot listen on {admin_address} (admin): {exc.strerror}") from None
-    return RunningSidecar(server, admin, store, gateway, receiver, quotas,
-                          longest_request_s(config), metrics, processor, telemetry, fleet,
-                          shadows)
+    running = RunningSidecar(server, admin, store, gateway, receiver, quotas,
+                             longest_request_s(config), metrics, processor, telemetry, fleet,
+                             shadows)
+    if enabled:
+        running.canary_guards = asyncio.get_running_loop().create_task(canary.run())
+    return running
 
 
 def add_routing_metrics(metrics: Metrics, gateway: Gateway) -> None:

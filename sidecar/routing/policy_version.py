@@ -20,10 +20,11 @@ VERSION_DIGITS = 12
 
 
 def policy_version(group: ModelGroup) -> str:
-    """A `shadow` block is not part of the live policy (it decides nothing live). Blocks
+    """A `shadow` block is not part of the live policy (it decides nothing live), nor is a
+    `rollout` block (its canary has a version of its own: `ModelGroup.canary_group`). Blocks
     added since versions were first given (`hedge`) count only when set, so a group that
     does not use them keeps its version across the upgrade."""
-    left_out = {"shadow"} | ({"hedge"} if group.hedge is None else set())
+    left_out = ({"shadow", "rollout"} | ({"hedge"} if group.hedge is None else set()))
     canonical = json.dumps(group.model_dump(mode="json", exclude=left_out), sort_keys=True,
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:VERSION_DIGITS]

@@ -11,10 +11,12 @@ again.)
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from sidecar.bridge.registry import bridged_callers
-from sidecar.config.models import SidecarConfig
+from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
+from sidecar.routing.canary import CANARY, CanarySplit
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
 from sidecar.routing.ejection import Ejections
 from sidecar.routing.gates import (
@@ -36,6 +38,21 @@ from sidecar.routing.strategies import (
 )
 from sidecar.routing.trace import DecisionTrace
 
+# The exclusion a canary-only target gets on the live side (docs/rollout.md).
+CANARY_ONLY = "rollout.canary_only"
+
+
+@dataclass(slots=True)
+class _Canary:
+    """A group's canary: which side decides, and the candidate's own gates, strategy
+    (with its own state: pins, rotation, ejections) and version."""
+
+    split: CanarySplit
+    strategy_name: str
+    gates: GroupGates
+    strategy: Strategy
+    config: ModelGroup
+
 
 class Router:
     def __init__(self, config: SidecarConfig, clock: Clock = time.monotonic,
@@ -46,26 +63,56 @@ class Router:
             name: group_gates(group, config.target_dialects, bridged_callers)
             for name, group in config.models.items()
         }
-        # Which policy decided: a hash of each group's configuration (policy_version).
-        self._versions = {name: policy_version(group) for name, group in config.models.items()}
+        # Which policy decided: a hash of each group's configuration (policy_version), its
+        # live side's where it has a canary.
+        self._versions = {name: policy_version(group.live_group())
+                          for name, group in config.models.items()}
         # Each group's strategy with its state (strategies.py).
         self._strategies: dict[str, Strategy] = {
             name: strategy_for(group, clock, wall_clock)
             for name, group in config.models.items()
         }
+        # Targets only a canary routes to (index sets), and each group's canary.
+        self._canary_only = {name: group.canary_only for name, group in config.models.items()
+                             if group.canary_only}
+        self._canaries: dict[str, _Canary] = {}
+        for name, group in config.models.items():
+            candidate = group.canary_group()
+            if candidate is None:
+                continue
+            canary = group.rollout.canary  # type: ignore[union-attr]
+            self._canaries[name] = _Canary(
+                CanarySplit(canary.share_percent / 100, policy_version(candidate)),
+                candidate.strategy,
+                group_gates(candidate, config.target_dialects, bridged_callers),
+                strategy_for(candidate, clock, wall_clock), candidate)
 
     def decide(self, request: RequestSummary,
                observations: ObservationView = EMPTY_SNAPSHOT,
                external: ExternalAnswer | None = None) -> Decision | NoEligibleTarget:
         """`external`: for `strategy: external` groups, the routing service's answer (asked
         with `external_candidates`); without it the group's fallback strategy decides."""
-        group = self._config.models[request.group]
-        trace = DecisionTrace(strategy=group.strategy, target_count=len(group.targets),
-                              policy_version=self._versions[request.group])
+        name = request.group
+        group = self._config.models[name]
+        strategy_name, gates = group.strategy, self._gates[name]
+        strategy, version = self._strategies[name], self._versions[name]
+        canary = self._canaries.get(name)
+        side = canary.split.side(request) if canary is not None else None
+        if side == CANARY:
+            strategy_name, gates = canary.strategy_name, canary.gates
+            strategy, version = canary.strategy, canary.split.version
+        trace = DecisionTrace(strategy=strategy_name, target_count=len(group.targets),
+                              policy_version=version, canary=side)
         if request.reasoning is not None:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}
-        eligible = passing_targets(request, self._gates[request.group], trace)
+        eligible = passing_targets(request, gates, trace)
+        only = self._canary_only.get(name)
+        if only and side != CANARY:
+            for choice in eligible:
+                if choice.index in only:
+                    trace.exclude(choice.label, CANARY_ONLY)
+            eligible = [choice for choice in eligible if choice.index not in only]
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         eligible, waits = admitted(eligible, observations, trace)
@@ -73,11 +120,20 @@ class Router:
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace,
                                     retry_after_s=min(waits))
-        ordered = self._strategies[request.group].order(
-            Context(request, observations, trace, external), eligible)
+        ordered = strategy.order(Context(request, observations, trace, external), eligible)
         if not ordered:  # a script rule required what no eligible target offers
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
-        return Decision(request.group, group.strategy, tuple(ordered), trace)
+        return Decision(request.group, strategy_name, tuple(ordered), trace)
+
+    def live_version(self, group: str) -> str:
+        """The policy version of the group's live side."""
+        return self._versions[group]
+
+    def canary(self, group: str) -> CanarySplit | None:
+        """The group's canary split (None without a canary): its version, and whether it
+        was withdrawn (rollout/canary_guard.py sets that, once)."""
+        canary = self._canaries.get(group)
+        return canary.split if canary is not None else None
 
     def external_candidates(self, request: RequestSummary) -> list[TargetChoice]:
         """The targets an external routing service may name for `request`: those passing
@@ -90,12 +146,18 @@ class Router:
         configuration did not change keeps its whole state (rotation, pins, ejections); a
         changed dynamic-score group keeps the pins to targets that did not change.
         (Observations live in the store, keyed by target, and need nothing here.)"""
+        for name, canary in self._canaries.items():
+            earlier = previous._canaries.get(name)
+            if earlier is not None and earlier.split.version == canary.split.version:
+                canary.split.withdrawn = earlier.split.withdrawn
+                if earlier.config == canary.config:
+                    canary.strategy = earlier.strategy
         for name, group in self._config.models.items():
             before = previous._config.models.get(name)
             state = previous._strategies.get(name)
             if before is None or state is None:
                 continue
-            if before == group:
+            if _without_rollout(before) == _without_rollout(group):  # a canary is apart
                 self._strategies[name] = state
                 continue
             fresh = self._strategies[name]
@@ -114,3 +176,7 @@ class Router:
         """The group's pins (digests only), for diagnostics and tests."""
         strategy = self._strategies.get(group)
         return strategy.affinity if isinstance(strategy, DynamicScoreStrategy) else None
+
+
+def _without_rollout(group: ModelGroup) -> ModelGroup:
+    return group if group.rollout is None else group.model_copy(update={"rollout": None})

@@ -61,6 +61,9 @@ class DecisionTrace:
     probe: str | None = None
     # A hash of the group's configuration (`policy_version`): which policy decided.
     policy_version: str = ""
+    # In a group with a canary (routing/canary.py): `canary` (its candidate decided),
+    # `live`, or `withdrawn` (the candidate would have, but a guard withdrew it).
+    canary: str | None = None
     # The odds of this decision (docs/policy-evaluation.md): each candidate's probability of
     # being picked as primary by the strategy's own selection (blend shares, weights), and
     # the chosen primary's probability with why: `blend` or `weights` (its share), `pin`,
@@ -122,6 +125,8 @@ class DecisionTrace:
         data = asdict(self)
         if data["external"] is None:  # other strategies' traces keep their keys
             del data["external"]
+        if data["canary"] is None:  # and groups without a canary theirs
+            del data["canary"]
         data["candidates"] = data.pop("_candidates")  # the last key, as it always was
         data["exclusions"] = [{"target": t, "stage": s} for t, s in self.exclusions]
         data["unproven"] = [{"target": t, "threshold": s} for t, s in self.unproven]

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 from sidecar.commands.report import filters_for, report_document
 from sidecar.config.service_settings import Telemetry
+from sidecar.telemetry.canary_report import recorded_withdrawals
 from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import BY, KINDS
 from sidecar.telemetry.request_lookup import rows_of_trace, valid_trace_id
@@ -97,6 +98,12 @@ class AdminReports:
                 return "503 Service Unavailable", {
                     "error": f"telemetry database unavailable ({type(exc).__name__})"}
         return "200 OK", {"trace": trace[0], "rows": rows}
+
+    async def withdrawn_canaries(self, candidates: dict[str, str]) -> set[tuple[str, str]]:
+        """The candidates (group → version) the database records as withdrawn
+        (rollout/canary_guard.py reads this every few seconds while a canary serves)."""
+        return await asyncio.to_thread(
+            self._read_only, lambda db: recorded_withdrawals(db, candidates))
 
     def _read_only(self, read: Callable[[Database], T]) -> T:
         """`read` on a read-only connection of its own (run on a worker thread)."""

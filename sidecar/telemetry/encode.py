@@ -34,7 +34,7 @@ from sidecar.telemetry.schema import REQUEST_COLUMNS, json_text
 
 _HEAD = ("replica", "request_id", "started_at", "caller", "group_name", "admission",
          "observation_count", "traceparent", "cache", "join_kind", "estimated_input_tokens",
-         "output_budget", "origin")
+         "output_budget", "origin", "canary")
 _PROFILE = ("strategy", "cold_start", "signals", "request_shape", "complexity",
             "prompt_features", "selected_scores", "term_value_bucket", "final_share_bucket",
             "exclusions", "max_tokens_filtered", "max_tokens_bucket", "input_size_bucket",
@@ -84,14 +84,14 @@ class RowEncoder:
         if d is None:
             assert r is not None
             head = (self._replica, r.request_id, item.at, "", "", None, None, None, None,
-                    item.join, None, None, None)
+                    item.join, None, None, None, None)
             profile = _NO_DECISION
         else:
             estimate = d.estimate or (None, None)
             head = (self._replica, d.request_id, d.at, d.caller, d.group, d.admission,
                     d.observations, valid_traceparent(d.traceparent) if d.traceparent else None,
                     d.cache, item.join, *estimate,
-                    origin(d.traceparent) if d.traceparent else None)
+                    origin(d.traceparent) if d.traceparent else None, d.canary)
             key = marshal.dumps((d.group, d[7:23], d[24:28]))
             found = self._profiles.get(key)
             if found is None:

@@ -35,7 +35,13 @@ from sidecar.observe.attempts import Transition
 from sidecar.telemetry.deferral import DeferralPolicy
 from sidecar.telemetry.intake import ITEMS_PER_MESSAGE, MAX_MESSAGE
 from sidecar.telemetry.results import RequestResult, result_record
-from sidecar.telemetry.rows import DecisionFacts, ShadowRow, decision_record, price_records
+from sidecar.telemetry.rows import (
+    CanaryEventRow,
+    DecisionFacts,
+    ShadowRow,
+    decision_record,
+    price_records,
+)
 from sidecar.telemetry.worker import Start
 
 FLUSH_AT = ITEMS_PER_MESSAGE  # a message stays well below the socket buffer
@@ -91,6 +97,10 @@ class TelemetryHandoff:
     def shadow(self, row: ShadowRow) -> None:
         """A group's shadow rollup (evaluation/shadow.py); a few per group a minute."""
         self._add(("s", astuple(row)))
+
+    def canary(self, row: CanaryEventRow) -> None:
+        """A canary's event (rollout/canary_guard.py): a withdrawal, once per candidate."""
+        self._add(("c", astuple(row)))
 
     def _add(self, item: tuple[str, Any]) -> None:
         """Encoded at once: bytes are no work for the garbage collector, whereas the tuple

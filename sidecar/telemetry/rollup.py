@@ -154,9 +154,11 @@ def _delete_raw(cursor: Any, db: Database, day: str) -> int:
     cursor.execute(sql("DELETE FROM fallback_transitions WHERE at >= {p} AND at < {p}", db),
                    (start, end))
     deleted += max(0, cursor.rowcount)
-    cursor.execute(sql("DELETE FROM shadow_rollups WHERE at >= {p} AND at < {p}", db),
-                   (start, end))
-    return deleted + max(0, cursor.rowcount)
+    for table in ("shadow_rollups", "canary_events"):
+        cursor.execute(sql(f"DELETE FROM {table} WHERE at >= {{p}} AND at < {{p}}", db),
+                       (start, end))
+        deleted += max(0, cursor.rowcount)
+    return deleted
 
 
 def _fetch(cursor: Any, statement: str, params: tuple[object, ...]) -> Iterator[dict]:

@@ -114,6 +114,7 @@ class RequestRow:
     estimated_input_tokens: int | None = None
     output_budget: int | None = None
     origin: str | None = None      # rollout_check: sent by `sidecar rollout check` (#42)
+    canary: str | None = None      # in a group with a canary: canary, live or withdrawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,23 @@ class ShadowRow:
     latency_delta_ms: float        # the same of the p95 latency observed
     error_rate_delta: float        # the same of the error rate observed
     dropped: int                   # decisions not shadowed (the queue was full)
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryEventRow:
+    """A canary's event (rollout/canary_guard.py): `withdrawn`, with the guard it breached,
+    the figure judged (a rate's lower confidence bound) and the window's counts."""
+
+    at: float
+    group: str
+    policy_version: str            # the live side's
+    canary_version: str
+    event: str
+    guard: str
+    figure: float
+    limit: float
+    requests: int
+    errors: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +200,7 @@ class DecisionRecord(NamedTuple):
     # What a served reply without readable usage is charged (usage_charged), and what
     # replay re-decides with: (estimated input tokens, output budget).
     estimate: tuple[int, int] | None = None
+    canary: str | None = None      # the side of a group's canary (routing/canary.py)
 
 
 def estimate_of(summary: RequestSummary | None) -> tuple[int, int] | None:
@@ -202,7 +221,7 @@ def decision_record(facts: DecisionFacts) -> tuple:
         return (facts.request_id, facts.at, facts.caller, facts.group, facts.admission,
                 facts.cache, facts.traceparent, "", None, (), shape, None, (), [], 0, None,
                 "not_applicable", None, None, None, None, None, None, None, [], None, (), "",
-                estimate_of(facts.summary))
+                estimate_of(facts.summary), None)
     selected = outcome.primary.label if isinstance(outcome, Decision) else None
     figures = trace.figures(selected) if selected is not None else None
     shape = trace.request_shape
@@ -216,7 +235,7 @@ def decision_record(facts: DecisionFacts) -> tuple:
             trace.candidate_count, trace.reasoning, str(trace.affinity), trace.probe,
             trace.external, selected, *(figures or (None, None, None, None)),
             trace.unproven, trace.selection, trace.odds, trace.policy_version,
-            estimate_of(facts.summary))
+            estimate_of(facts.summary), trace.canary)
 
 
 # A target's price as the worker receives it: every price resolved (billing.Rates).
@@ -320,6 +339,7 @@ def request_row(decision: DecisionRecord | None, result: RequestResult | None,
         estimated_input_tokens=d.estimate[0] if d is not None and d.estimate else None,
         output_budget=d.estimate[1] if d is not None and d.estimate else None,
         origin=origin(d.traceparent) if d is not None else None,
+        canary=d.canary if d is not None else None,
     )
 
 

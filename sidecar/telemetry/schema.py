@@ -11,7 +11,7 @@ import json
 from dataclasses import fields
 from operator import attrgetter
 
-from sidecar.telemetry.rows import FallbackRow, RequestRow, ShadowRow
+from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, RequestRow, ShadowRow
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -98,6 +98,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "CREATE INDEX request_rows_checklist ON request_rows (started_at) "
         "WHERE origin = 'rollout_check'",
     )),
+    (10, (  # a group's canary (#42): which side decided each request, and its events
+        "ALTER TABLE request_rows ADD COLUMN canary TEXT",
+        """CREATE TABLE canary_events (
+            at DOUBLE PRECISION NOT NULL, replica TEXT NOT NULL, group_name TEXT NOT NULL,
+            policy_version TEXT NOT NULL, canary_version TEXT NOT NULL, event TEXT NOT NULL,
+            guard TEXT NOT NULL, figure DOUBLE PRECISION NOT NULL,
+            guard_limit DOUBLE PRECISION NOT NULL, requests BIGINT NOT NULL,
+            errors BIGINT NOT NULL)""",
+        "CREATE INDEX canary_events_at ON canary_events (at)",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
@@ -105,10 +115,13 @@ MIGRATION_LOCK = 0x5EDCA1E0
 ROLLUP_LOCK = 0x5EDCA1E1
 LATEST = MIGRATIONS[-1][0]
 
-_RENAMED = {"group": "group_name", "join": "join_kind"}
+_RENAMED = {"group": "group_name", "join": "join_kind", "limit": "guard_limit"}
 REQUEST_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(RequestRow)))
 FALLBACK_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(FallbackRow)))
 SHADOW_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(ShadowRow)))
+# The table's order: replica second, as in the CREATE TABLE.
+CANARY_COLUMNS = ("at", "replica", *(_RENAMED.get(f.name, f.name)
+                                     for f in fields(CanaryEventRow) if f.name != "at"))
 
 
 # Reading the fields in column order: `dataclasses.astuple` deep-copies (33 µs a row).
@@ -149,6 +162,11 @@ def fallback_values(replica: str, row: FallbackRow) -> tuple[object, ...]:
 
 def shadow_values(replica: str, row: ShadowRow) -> tuple[object, ...]:
     return (replica, *_SHADOW_FIELDS(row))
+
+
+def canary_values(replica: str, row: CanaryEventRow) -> tuple[object, ...]:
+    return (row.at, replica, row.group, row.policy_version, row.canary_version, row.event,
+            row.guard, row.figure, row.limit, row.requests, row.errors)
 
 
 def insert_sql(table: str, columns: tuple[str, ...]) -> str:

@@ -14,19 +14,21 @@ from operator import itemgetter
 from sidecar.telemetry import encode
 from sidecar.telemetry.database import Database, sql
 from sidecar.telemetry.rollup import Maintenance, maintain
-from sidecar.telemetry.rows import FallbackRow, RequestRow, ShadowRow
+from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, RequestRow, ShadowRow
 from sidecar.telemetry.schema import (
+    CANARY_COLUMNS,
     FALLBACK_COLUMNS,
     MIGRATION_LOCK,
     MIGRATIONS,
     REQUEST_COLUMNS,
     SHADOW_COLUMNS,
+    canary_values,
     fallback_values,
     insert_sql,
     request_values,
     shadow_values,
 )
-from sidecar.telemetry.writer import FALLBACK, REQUEST, SHADOW
+from sidecar.telemetry.writer import CANARY, FALLBACK, REQUEST, SHADOW
 
 Values = tuple[object, ...]
 # A RequestRow's values (REQUEST_COLUMNS order) in the order the INSERT names the columns.
@@ -34,6 +36,7 @@ _IN_INSERT_ORDER = itemgetter(*(REQUEST_COLUMNS.index(c) for c in encode.COLUMNS
 _INSERT_REQUESTS = insert_sql("request_rows", encode.COLUMNS)
 _INSERT_FALLBACKS = insert_sql("fallback_transitions", FALLBACK_COLUMNS)
 _INSERT_SHADOWS = insert_sql("shadow_rollups", SHADOW_COLUMNS)
+_INSERT_CANARIES = insert_sql("canary_events", CANARY_COLUMNS)
 
 
 class TelemetryStore:
@@ -61,8 +64,11 @@ class TelemetryStore:
         """The database, as log lines name it (no credentials)."""
         return self.db.where
 
-    def values(self, row: RequestRow | FallbackRow | ShadowRow) -> tuple[int, Values]:
+    def values(self, row: RequestRow | FallbackRow | ShadowRow | CanaryEventRow
+               ) -> tuple[int, Values]:
         """A row object as `write_values` takes it: (its table, its values)."""
+        if isinstance(row, CanaryEventRow):
+            return CANARY, canary_values(self._replica, row)
         if isinstance(row, FallbackRow):
             return FALLBACK, fallback_values(self._replica, row)
         if isinstance(row, ShadowRow):
@@ -70,15 +76,17 @@ class TelemetryStore:
         return REQUEST, _IN_INSERT_ORDER(request_values(self._replica, row))
 
     def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow],
-              shadows: Sequence[ShadowRow] = ()) -> None:
+              shadows: Sequence[ShadowRow] = (),
+              canaries: Sequence[CanaryEventRow] = ()) -> None:
         self.write_values([self.values(r)[1] for r in requests],
                           [self.values(r)[1] for r in fallbacks],
-                          [self.values(r)[1] for r in shadows])
+                          [self.values(r)[1] for r in shadows],
+                          [self.values(r)[1] for r in canaries])
 
     def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
-                     shadows: Sequence[Values] = ()) -> None:
+                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = ()) -> None:
         """One transaction: request rows in `encode.COLUMNS` order, fallback rows, shadow
-        rollups."""
+        rollups, canary events."""
         if not self._open:
             self.open()
         with self.db.transaction() as cursor:
@@ -88,6 +96,8 @@ class TelemetryStore:
                 cursor.executemany(sql(_INSERT_FALLBACKS, self.db), fallbacks)
             if shadows:
                 cursor.executemany(sql(_INSERT_SHADOWS, self.db), shadows)
+            if canaries:
+                cursor.executemany(sql(_INSERT_CANARIES, self.db), canaries)
 
     def maintain(self, now: float) -> Maintenance:
         """Daily rollups and raw-row retention (rollup.py)."""

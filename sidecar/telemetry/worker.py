@@ -45,6 +45,7 @@ from sidecar.telemetry.replica import replica_name
 from sidecar.telemetry.results import RequestResult
 from sidecar.telemetry.row_counts import RowCounts, count_row
 from sidecar.telemetry.rows import (
+    CanaryEventRow,
     DecisionRecord,
     FallbackRow,
     JoinedRequest,
@@ -52,9 +53,10 @@ from sidecar.telemetry.rows import (
     ShadowRow,
     request_row,
 )
-from sidecar.telemetry.schema import fallback_values, shadow_values
+from sidecar.telemetry.schema import canary_values, fallback_values, shadow_values
 from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.writer import (
+    CANARY,
     FALLBACK,
     REQUEST,
     SHADOW,
@@ -103,10 +105,13 @@ class Worker:
         # In the background, input waits while the CPUs are contended (deferral.py).
         self.deferral = Deferral() if background else None
 
-    def _prepare(self, item: JoinedRequest | FallbackRow | ShadowRow) -> Prepared:
+    def _prepare(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow
+                 ) -> Prepared:
         """On the writer thread: the row's values, counted (and traced) as they are made."""
         if isinstance(item, ShadowRow):
             return SHADOW, shadow_values(self.encoder.replica, item)
+        if isinstance(item, CanaryEventRow):
+            return CANARY, canary_values(self.encoder.replica, item)
         with self._counting:  # counted on the writer thread, reported on the reading one
             if isinstance(item, FallbackRow):
                 count_row(self.counts, item)
@@ -117,7 +122,7 @@ class Worker:
                                           item.join, item.at))
         return REQUEST, values
 
-    def _emit(self, item: JoinedRequest | FallbackRow | ShadowRow) -> None:
+    def _emit(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow) -> None:
         if not self.writer.offer(item):  # full: the row is lost, its counters are not
             self._prepare(item)
 
@@ -134,6 +139,8 @@ class Worker:
                 self._emit(FallbackRow(*record))
             elif kind == "s":
                 self._emit(ShadowRow(*record))
+            elif kind == "c":
+                self._emit(CanaryEventRow(*record))
             elif kind == "p":  # a reload (handoff.reconfigure)
                 prices, max_age_s = record
                 self.encoder.reprice(prices_of(prices))

@@ -35,7 +35,7 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 
 Values = tuple[object, ...]
 # What `prepare` makes of an item: (its table, its values).
-REQUEST, FALLBACK, SHADOW = 0, 1, 2
+REQUEST, FALLBACK, SHADOW, CANARY = 0, 1, 2, 3
 Prepared = tuple[int, Values]
 
 log = logging.getLogger("sidecar.telemetry")
@@ -52,7 +52,7 @@ class Store(Protocol):
         ...
 
     def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
-                     shadows: Sequence[Values] = ()) -> None:
+                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = ()) -> None:
         ...
 
     def close(self) -> None:
@@ -184,8 +184,8 @@ class TelemetryWriter:
         self.maintenance_runs["ok"] += 1
         log.info("telemetry maintenance: %s", done)  # Maintenance words itself (rollup.py)
 
-    def _rows(self, chunk: list[Any]) -> tuple[list[Values], list[Values], list[Values]]:
-        tables: tuple[list[Values], list[Values], list[Values]] = ([], [], [])
+    def _rows(self, chunk: list[Any]) -> tuple[list[Values], ...]:
+        tables: tuple[list[Values], ...] = ([], [], [], [])
         prepare = self._prepare
         for item in chunk:
             try:
@@ -197,10 +197,10 @@ class TelemetryWriter:
         return tables
 
     def _write(self, requests: list[Values], fallbacks: list[Values],
-               shadows: list[Values]) -> None:
-        rows = len(requests) + len(fallbacks) + len(shadows)
+               shadows: list[Values], canaries: list[Values]) -> None:
+        rows = len(requests) + len(fallbacks) + len(shadows) + len(canaries)
         try:
-            self._store.write_values(requests, fallbacks, shadows)
+            self._store.write_values(requests, fallbacks, shadows, canaries)
         except Exception:
             self.dropped["write_error"] += rows
             _limited.exception("telemetry_write", "telemetry batch of %d rows dropped (%s "

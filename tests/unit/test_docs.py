@@ -145,7 +145,8 @@ def test_the_page_is_read_as_key_tables() -> None:
 
 # A model used at a second place is documented once, at its first (the shadow's routing
 # policy is the group's `routing_policy` model).
-SAME_MODEL_AS = {"models.<*>.shadow.routing_policy": "models.<*>.routing_policy"}
+SAME_MODEL_AS = {"models.<*>.shadow.routing_policy": "models.<*>.routing_policy",
+                 "models.<*>.rollout.canary.routing_policy": "models.<*>.routing_policy"}
 
 
 def _documented_at(key: str) -> str:

@@ -122,10 +122,16 @@ def test_the_report_command_prints_table_json_and_csv(tmp_path: Path) -> None:
 
 
 def test_docs_operations_names_every_column_of_every_table() -> None:
-    from sidecar.telemetry.schema import FALLBACK_COLUMNS, REQUEST_COLUMNS, SHADOW_COLUMNS
+    from sidecar.telemetry.schema import (
+        CANARY_COLUMNS,
+        FALLBACK_COLUMNS,
+        REQUEST_COLUMNS,
+        SHADOW_COLUMNS,
+    )
 
     text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
-    missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS, *SHADOW_COLUMNS}
+    missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS, *SHADOW_COLUMNS,
+                            *CANARY_COLUMNS}
                if f"`{c}`" not in text]
     assert missing == []
 

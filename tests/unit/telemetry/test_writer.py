@@ -109,7 +109,7 @@ class StalledStore:
         return (REQUEST if isinstance(row, RequestRow) else FALLBACK), (row.request_id,)
 
     def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple],
-                     shadows: Sequence[tuple] = ()) -> None:
+                     *others: Sequence[tuple]) -> None:
         self.release.wait(30)
         if self.fail_next:
             self.fail_next = False
@@ -167,7 +167,7 @@ def test_rows_are_made_on_the_writer_thread_and_a_bad_one_is_skipped() -> None:
 
     class Counting(StalledStore):
         def write_values(self, requests: Sequence[tuple], fallbacks: Sequence[tuple],
-                         shadows: Sequence[tuple] = ()) -> None:
+                         *others: Sequence[tuple]) -> None:
             written.append(len(requests))
 
     def prepare(n: int) -> tuple[int, tuple[object, ...]]:
