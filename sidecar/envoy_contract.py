@@ -138,3 +138,11 @@ SESSION_KEY_HEADER = "x-sidecar-session"
 # header changes carry over between attempts; it is random and names nothing).
 CACHE_HEADER = "x-sidecar-cache"
 CACHE_SLOT_HEADER = "x-sidecar-cache-slot"
+
+# Shadow traffic (docs/rollout.md §4): the loopback listener the sidecar sends mirrored
+# requests to, the header naming the candidate's target cluster, the header carrying the
+# channel token (the listener answers nothing else), and its access log.
+SHADOW_LISTENER = "model_groups_shadow"
+SHADOW_CLUSTER_HEADER = "x-sidecar-shadow-cluster"
+SHADOW_TOKEN_HEADER = "x-sidecar-shadow-token"
+SHADOW_LOG_NAME = "sidecar_shadow_traffic"

@@ -10,6 +10,7 @@ from sidecar.dialects.apis import Dialect
 from sidecar.envoy_config.addresses import DEFAULT_ADMIN_HTTP, DEFAULT_SECRETS_DIR, split_host_port
 
 DEFAULT_LISTEN = "127.0.0.1:10000"
+DEFAULT_SHADOW = "127.0.0.1:10001"
 DEFAULT_EXT_PROC = "127.0.0.1:50051"
 DEFAULT_ADMIN = "127.0.0.1:9901"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -74,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--xds-dir", type=Path,
                        help="the folder given to `render-envoy --xds-dir`: on every reload "
                             "the sidecar writes Envoy's new clusters and listener there")
+    serve.add_argument("--envoy-shadow", type=host_port,
+                       help="Envoy's shadow listener (render-envoy --shadow-listen): where "
+                            "groups' rollout.shadow_traffic is sent; without it, none is")
     serve.add_argument("--envoy-admin", type=host_port,
                        help="Envoy's admin address: with --xds-dir, a reload waits until "
                             "Envoy has the new clusters before routing to them")
@@ -287,6 +291,10 @@ def _address_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"sidecar gRPC address (default: {DEFAULT_EXT_PROC})")
     parser.add_argument("--admin", default=DEFAULT_ADMIN, type=host_port,
                         help=f"Envoy admin address (default: {DEFAULT_ADMIN})")
+    parser.add_argument("--shadow-listen", default=DEFAULT_SHADOW, type=host_port,
+                        help="Envoy's listener for the sidecar's shadow traffic, rendered only "
+                             "when a group has rollout.shadow_traffic; only the sidecar should "
+                             f"reach it (default: {DEFAULT_SHADOW}; docs/rollout.md §4)")
 
 
 ADMIN_TOKEN_HELP = ("file with a token (32+ characters) the admin endpoint requires as "

@@ -81,7 +81,7 @@ def _up(args: argparse.Namespace) -> int:
     options = StackOptions(
         config_path=args.config,
         addresses=EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
-                                 ca_bundle=args.ca_bundle),
+                                 ca_bundle=args.ca_bundle, shadow=args.shadow_listen),
         demo_port=args.demo_port,
         demo_token=args.demo_token,
         demo_providers=args.demo_providers or args.config is None,
@@ -119,7 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
     async def serve() -> None:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
-                                      grpc_server=args.grpc_server, admin_token=admin_token)
+                                      grpc_server=args.grpc_server, admin_token=admin_token,
+                                      shadow_address=args.envoy_shadow)
         # The provider keys are Envoy's: the sidecar neither reads nor checks them.
         reloader = enable_reload(sidecar, Path(args.config), check_keys=False)
         if args.xds_dir is not None:
@@ -171,7 +172,8 @@ def _render_envoy(args: argparse.Namespace) -> int:
 
     config = load_config_file(args.config)
     addresses = EnvoyAddresses(listen=args.listen, admin=args.admin, ext_proc=args.ext_proc,
-                               ca_bundle=args.ca_bundle, secrets_dir=args.secrets_dir)
+                               ca_bundle=args.ca_bundle, secrets_dir=args.secrets_dir,
+                               shadow=args.shadow_listen)
     token = None
     try:
         if args.grpc_token_file is not None:

@@ -14,7 +14,7 @@ from typing import TextIO
 from sidecar.commands.text_table import format_table
 from sidecar.config.models import SidecarConfig
 from sidecar.config.service_settings import Telemetry
-from sidecar.evaluation.logged import read_log
+from sidecar.evaluation.logged import read_log, read_mirrors
 from sidecar.evaluation.replay import FIGURES, GroupReplay, replay
 from sidecar.evaluation.report_html import html_page
 from sidecar.telemetry.database import open_database
@@ -58,10 +58,11 @@ def run_replay(candidate: SidecarConfig, settings: Telemetry, since: str, until:
     db.open()
     try:
         decisions, attempts = read_log(db, start - warm_up, end)
+        mirrors = read_mirrors(db, start, end, group)
     finally:
         db.close()
     reports = replay(candidate, decisions, attempts, confidence, progress, since=start,
-                     group=group)
+                     group=group, mirrors=mirrors)
     document = {"since": start, "until": end, "confidence": confidence,
                 "groups": [r.to_dict() for r in reports]}
     if output == "json":
@@ -92,6 +93,14 @@ def as_table(reports: Sequence[GroupReplay], confidence: float) -> str:
                 lines.append(f"candidate probability the logging policy gave 0 for those "
                              f"requests: {r.unsupported_mass:.1%} (IPS and SNIPS cannot see "
                              "it; DR models it from other requests)")
+            if r.shadow_supported_mass > 0.001:
+                lines.append(f"of it, answered by shadow traffic: "
+                             f"{r.shadow_supported_mass:.1%}")
+            for name, (n, expected, logged_mean) in r.paired.items():
+                lines.append(f"{name} on {n:,} mirrored requests every target of the "
+                             f"candidate answered: candidate {_value(name, expected)}, "
+                             f"logged {_value(name, logged_mean)} (shadow traffic, no "
+                             "estimator)")
             rows = [["figure", "n", "logged", "candidate (DR)", f"{confidence:.0%} interval",
                      "difference", "IPS", "SNIPS", "effective n"]]
             for name in FIGURES:

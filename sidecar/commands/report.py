@@ -14,6 +14,7 @@ from sidecar.commands.text_table import format_table
 from sidecar.config.service_settings import Telemetry
 from sidecar.telemetry.canary_report import canary_report
 from sidecar.telemetry.database import Database, open_database
+from sidecar.telemetry.mirror_report import mirror_report
 from sidecar.telemetry.reports import Filters, parse_since, report, shadow_report
 from sidecar.telemetry.store import TelemetryStore
 
@@ -30,6 +31,7 @@ def report_document(db: Database, kind: str, filters: Filters, by: str) -> dict[
     if kind == "decisions":  # and how each group's shadow policy would have decided
         document["shadow"] = shadow_report(db, filters)
         document["canary"] = canary_report(db, filters)  # and each canary's sides
+        document["shadow_traffic"] = mirror_report(db, filters)  # and mirrored candidates
     return document
 
 
@@ -65,6 +67,9 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
     if canary.get("events"):
         text += "\n\ncanaries withdrawn:\n" + _table(
             [{k: _cell(v) for k, v in row.items()} for row in canary["events"]])
+    if document.get("shadow_traffic"):
+        text += "\n\nshadow traffic, candidates beside the live answers:\n" + _table(
+            [{k: _cell(v) for k, v in row.items()} for row in document["shadow_traffic"]])
     return text
 
 

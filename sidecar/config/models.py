@@ -186,6 +186,8 @@ Strategy = Literal["weighted", "failover", "dynamic_score", "script", "external"
 
 
 _DEFAULT_DYNAMIC_SCORE = DynamicScorePolicy()
+# Exclusions of targets a rollout withholds from the live side (ModelGroup.withheld).
+CANARY_ONLY, SHADOW_ONLY = "rollout.canary_only", "rollout.shadow_only"
 
 
 class ModelGroup(StrictModel):
@@ -245,6 +247,24 @@ class ModelGroup(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _shadow_traffic_names_a_priced_target(self) -> ModelGroup:
+        mirror = self.rollout.shadow_traffic if self.rollout is not None else None
+        if mirror is None:
+            return self
+        found = [t for t in self.targets if f"{t.provider}/{t.model_ref}" == mirror.target]
+        if not found:
+            labels = sorted(f"{t.provider}/{t.model_ref}" for t in self.targets)
+            raise ValueError(f"rollout.shadow_traffic.target names no target of this group: "
+                             f"{mirror.target} (targets: {', '.join(labels)})")
+        if found[0].pricing is None:
+            raise ValueError("rollout.shadow_traffic needs the candidate's pricing (its "
+                             "max_daily_usd is counted at its prices)")
+        if len(self.withheld) >= len(self.targets):
+            raise ValueError("rollout leaves the live side no target (every target is "
+                             "canary-only or shadow-only)")
+        return self
+
+    @model_validator(mode="after")
     def _canary_names_targets(self) -> ModelGroup:
         canary = self.rollout.canary if self.rollout is not None else None
         if canary is None:
@@ -260,30 +280,45 @@ class ModelGroup(StrictModel):
         if set(labels) <= set(canary.targets):
             raise ValueError("rollout.canary.targets lists every target of the group: the "
                              "live side would have none")
-        if not canary.targets and self.canary_group() == self.model_copy(
+        candidate = self.canary_group()
+        assert candidate is not None
+        if candidate.strategy != "failover" and not any(
+                t.weight > 0 for index, t in enumerate(candidate.targets)
+                if self.withheld.get(index) != SHADOW_ONLY):
+            raise ValueError("rollout.canary leaves its candidate no target with a weight "
+                             "above 0")
+        if not canary.targets and candidate == self.model_copy(
                 update={"rollout": None, "shadow": None}):
             raise ValueError("rollout.canary changes nothing: set a strategy, routing_policy, "
                              "weights or canary-only targets")
         return self
 
     @property
-    def canary_only(self) -> frozenset[int]:
-        """Indexes of the targets only a canary routes to (none without one)."""
-        canary = self.rollout.canary if self.rollout is not None else None
-        if canary is None or not canary.targets:
-            return frozenset()
-        return frozenset(index for index, t in enumerate(self.targets)
-                         if f"{t.provider}/{t.model_ref}" in canary.targets)
+    def withheld(self) -> dict[int, str]:
+        """Targets the live side leaves out, by index, with the exclusion's name: those only
+        a canary routes to, and a shadow-only mirror's candidate (none without a rollout)."""
+        rollout = self.rollout
+        if rollout is None:
+            return {}
+        canary, mirror = rollout.canary, rollout.shadow_traffic
+        withheld = {}
+        for index, t in enumerate(self.targets):
+            label = f"{t.provider}/{t.model_ref}"
+            if mirror is not None and mirror.shadow_only and label == mirror.target:
+                withheld[index] = SHADOW_ONLY
+            elif canary is not None and label in canary.targets:
+                withheld[index] = CANARY_ONLY
+        return withheld
 
     def live_group(self) -> ModelGroup:
         """The group as its live side decides: without its canary, or the canary's own
         targets (its policy version is the one the group had before the canary)."""
         if self.rollout is None:
             return self
-        only = self.canary_only
+        withheld = self.withheld
         return self.model_copy(update={
             "rollout": None,
-            "targets": [t for index, t in enumerate(self.targets) if index not in only]})
+            "targets": [t for index, t in enumerate(self.targets) if index not in withheld]})
 
     def canary_group(self) -> ModelGroup | None:
         """The group as its canary's candidate has it, every target included (None without
@@ -302,10 +337,11 @@ class ModelGroup(StrictModel):
         shadow = self.shadow
         if shadow is None:
             return None
-        return self.model_copy(update={
-            "strategy": shadow.strategy or self.strategy,
-            "targets": self._reweighted(shadow.weights),
-            "routing_policy": shadow.routing_policy or self.routing_policy, "shadow": None,
+        live = self.live_group()  # a rollout's own targets are not the live policy's
+        return live.model_copy(update={
+            "strategy": shadow.strategy or live.strategy,
+            "targets": live._reweighted(shadow.weights),
+            "routing_policy": shadow.routing_policy or live.routing_policy, "shadow": None,
             "rollout": None})
 
     def _reweighted(self, weights: dict[str, int]) -> list[Target]:
@@ -422,6 +458,12 @@ class SidecarConfig(StrictModel):
                 raise ValueError(f"models.{hedging[0]}.hedge needs observations (its deadline "
                                  "and the budget's returned tokens come from the access "
                                  "log): remove `observations.enabled: false`")
+            guarded = [name for name, group in self.models.items()
+                       if group.rollout is not None and group.rollout.canary is not None]
+            if guarded:
+                raise ValueError(f"models.{guarded[0]}.rollout.canary needs observations (its "
+                                 "guards judge the access log's records of its requests): "
+                                 "remove `observations.enabled: false`")
         return self
 
     @property

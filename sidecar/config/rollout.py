@@ -66,5 +66,31 @@ class Canary(StrictModel):
     guards: CanaryGuards
 
 
+
+
+class ShadowTraffic(StrictModel):
+    """A sampled mirror of the group's live requests to a candidate target, sent by the
+    sidecar through Envoy's loopback shadow listener after the live decision, never waited
+    for, never shown to the caller and never charged to them (rollout/shadow_traffic.py)."""
+
+    # Label (`provider/model_ref`) of a target of the group.
+    target: str
+    # True: only the mirror sends to it — the live side and a canary leave it out (a target
+    # named for the trial). False: a live target too (requests it serves are not mirrored).
+    shadow_only: bool = False
+    # The share of the group's decisions mirrored: one in every 100/n, not a draw.
+    sample_percent: Annotated[float, bounded(0.1, 100)] = 5.0
+    # Mirrored requests a minute at most (a token bucket of this size, refilled evenly).
+    max_per_minute: Annotated[int, bounded(1, 60_000)] = 60
+    # What the mirror may spend a UTC day, priced at the candidate's prices: estimated
+    # before each request is sent, actual once it answered. Needs the candidate's pricing.
+    max_daily_usd: Annotated[float, bounded(0.0001, 1_000_000)] = 5.0
+    # Mirrored requests in flight at most; past it a request is not mirrored.
+    max_concurrent: Annotated[int, bounded(1, 256)] = 4
+    # Whether what the candidate did feeds its observations (warm before it serves).
+    feeds_observations: bool = True
+
+
 class Rollout(StrictModel):
     canary: Canary | None = None
+    shadow_traffic: ShadowTraffic | None = None

@@ -115,12 +115,14 @@ class UpProcess:
         self.admin_port = free_port()
         self.ext_proc_port = free_port()
         self.admin_http_port = free_port()
+        self.shadow_port = free_port()
         self.args = [
             sys.executable, "-m", "sidecar", "up",
             "--listen", f"127.0.0.1:{self.listen_port}",
             "--admin", f"127.0.0.1:{self.admin_port}",
             "--ext-proc", f"127.0.0.1:{self.ext_proc_port}",
             "--admin-http", f"127.0.0.1:{self.admin_http_port}",
+            "--shadow-listen", f"127.0.0.1:{self.shadow_port}",
             *args,
         ]
         self.env = {**os.environ, **(env or {})}

@@ -212,7 +212,8 @@ async def run_stack(options: StackOptions) -> int:
                                       options.admin_http, options.log_decisions,
                                       channel_token=channel_token,
                                       grpc_server=options.grpc_server,
-                                      admin_token=options.admin_token)
+                                      admin_token=options.admin_token,
+                                      shadow_address=options.addresses.shadow)
         if options.config_path is not None:
             reloader = enable_reload(sidecar, Path(options.config_path))
             reloader.before_swap.append(envoy_follows)

@@ -31,6 +31,9 @@ class EnvoyAddresses:
     ext_proc: str = "127.0.0.1:50051"
     ca_bundle: str | None = None
     secrets_dir: str = DEFAULT_SECRETS_DIR
+    # Envoy's loopback listener for shadow traffic (envoy_config/shadow_listener.py); None:
+    # none, and groups' `rollout.shadow_traffic` send nothing.
+    shadow: str | None = None
 
 
 def find_ca_bundle() -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.envoy_contract import EXT_PROC_CLUSTER
+from sidecar.envoy_contract import EXT_PROC_CLUSTER, SHADOW_TOKEN_HEADER
 from sidecar.grpcwire.auth import CHANNEL_TOKEN_HEADER
 
 # What the committed compose bootstrap carries instead of a real token; the compose stack
@@ -29,6 +29,8 @@ def add_channel_token(document: dict, token: str) -> dict:
 
 def _walk(node: Any, token: str) -> None:
     if isinstance(node, dict):
+        if node.get("name") == SHADOW_TOKEN_HEADER and "string_match" in node:
+            node["string_match"] = {"exact": token}  # the shadow listener's route
         service = node.get("grpc_service")
         if isinstance(service, dict) and _targets_sidecar(service):
             service["initial_metadata"] = [{"key": CHANNEL_TOKEN_HEADER, "value": token}]

@@ -80,6 +80,7 @@ from sidecar.envoy_contract import (
     NO_TARGET_CLUSTER,
     ROUTE_NAMESPACE,
     SAME_TARGET_WAIT_HEADER,
+    SHADOW_LISTENER,
 )
 
 # What moves an attempt to the next target. `5xx` covers resets, connect failures and
@@ -162,9 +163,10 @@ def attempt_order_specifier() -> dict:
 
 def add_attempt_order(document: dict) -> dict:
     """Put the specifier on every route of the client listener of the rendered bootstrap
-    (a dict); the internal listeners of hedging (hedging.py) each lead to one cluster."""
+    (a dict); the internal listeners of hedging (hedging.py) each lead to one cluster, and
+    the shadow listener (shadow_listener.py) to the cluster its request names."""
     for listener in document["static_resources"]["listeners"]:
-        if "internal_listener" in listener:
+        if "internal_listener" in listener or listener["name"] == SHADOW_LISTENER:
             continue
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:

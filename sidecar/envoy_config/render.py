@@ -82,6 +82,7 @@ from sidecar.envoy_config.response_headers import (
     response_header_filter,
 )
 from sidecar.envoy_config.routes import model_group_routes
+from sidecar.envoy_config.shadow_listener import shadow_listener, wants_shadow_listener
 from sidecar.envoy_config.unasked_usage import unasked_usage_filter
 from sidecar.envoy_config.upstream_errors import (
     RESET_CLOSE_DELAY,
@@ -160,6 +161,8 @@ def bootstrap(config: SidecarConfig, addresses: EnvoyAddresses,
     if with_targets:
         clusters += [build(name) for name, _, build in target_clusters(config, addresses)]
     listeners = [_listener(config, addresses.listen)]
+    if wants_shadow_listener(config, addresses):  # docs/rollout.md §4
+        listeners.append(shadow_listener(config, _address(addresses.shadow)))
     hedged = hedging_targets(config)
     if hedged:  # docs/hedging.md
         cleared = credential_headers(config)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.observe.records import request_failed
 from sidecar.telemetry.database import Database, sql
 
 _BATCH = 1000
@@ -73,6 +74,46 @@ class FailedAttempt:
     group: str
     target: str
     failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredAnswer:
+    """A candidate's answer to a mirrored live request (`shadow_requests`, docs/rollout.md
+    §4): outcome evidence for a target the logging policy did not send that request to."""
+
+    candidate: str
+    latency_ms: float | None
+    cost_usd: float | None
+    failed: bool
+
+
+def read_mirrors(db: Database, since: float, until: float, group: str | None = None,
+                 max_rows: int = 1_000_000) -> dict[str, list[MirroredAnswer]]:
+    """The period's mirrored answers by live request id; empty on a database without
+    the table (a sidecar of an earlier version wrote it). Raises ValueError past
+    `max_rows`."""
+    where, params = _where(db, "at", since, until, group)
+    found: dict[str, list[MirroredAnswer]] = {}
+    count = 0
+    try:
+        with db.transaction() as cursor:
+            cursor.execute("SELECT live_request_id, candidate, shadow_latency_ms, "
+                           "shadow_cost_usd, shadow_status, shadow_error_class "
+                           f"FROM shadow_requests WHERE {where}", params)
+            while batch := cursor.fetchmany(_BATCH):
+                for request_id, candidate, latency, cost, status, error in batch:
+                    count += 1
+                    if count > max_rows:
+                        raise ValueError(f"more than {max_rows:,} mirrored requests in that "
+                                         "period: replay a shorter one or one --group")
+                    found.setdefault(str(request_id), []).append(MirroredAnswer(
+                        str(candidate), _number(latency), _number(cost),
+                        request_failed(_whole(status), _text(error))))
+    except ValueError:
+        raise
+    except Exception:  # no such table: nothing was mirrored here
+        return {}
+    return found
 
 
 # Rows one replay holds at most (each a few hundred bytes in memory): past it, a narrower

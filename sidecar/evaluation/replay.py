@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import Dialect
 from sidecar.evaluation.context import ReplayClock, ReplayedObservations, summary_of
 from sidecar.evaluation.estimators import Estimate, Sample, estimate, target_shares
-from sidecar.evaluation.logged import FailedAttempt, LoggedDecision
+from sidecar.evaluation.logged import FailedAttempt, LoggedDecision, MirroredAnswer
 from sidecar.evaluation.odds import DRAWN, decision_odds, total_variation
 from sidecar.routing.decision import Decision
 from sidecar.routing.policy_version import policy_version
@@ -62,6 +62,12 @@ class GroupReplay:
     logged_shares: dict[str, float] = field(default_factory=dict)
     candidate_shares: dict[str, float] = field(default_factory=dict)
     features_never_logged: tuple[str, ...] = ()
+    # Shadow traffic's evidence (docs/rollout.md §4): candidate probability on targets the
+    # logging policy did not send a request to but whose mirror answered it, and over the
+    # rows where every target the candidate could pick has an answer (the live one or a
+    # mirror's), the candidate's expected figure and the logged one: (n, candidate, logged).
+    shadow_supported_mass: float = 0.0
+    paired: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -78,6 +84,10 @@ class GroupReplay:
                               "candidate": self.candidate_shares},
             "estimates": {name: None if e is None else _estimate_dict(e)
                           for name, e in self.estimates.items()},
+            "candidate_mass_with_shadow_support": self.shadow_supported_mass,
+            "paired_with_shadow_traffic": {
+                name: {"n": n, "candidate": candidate, "logged": logged}
+                for name, (n, candidate, logged) in self.paired.items()},
         }
 
 
@@ -97,9 +107,12 @@ def _finite(value: float) -> float | None:
 def replay(candidate: SidecarConfig, decisions: Sequence[LoggedDecision],
            attempts: Sequence[FailedAttempt], confidence: float = 0.95,
            progress: Progress | None = None, since: float | None = None,
-           group: str | None = None) -> list[GroupReplay]:
+           group: str | None = None,
+           mirrors: Mapping[str, Sequence[MirroredAnswer]] | None = None
+           ) -> list[GroupReplay]:
     """One `GroupReplay` per logged group of the period (`group` only, if given), by name.
-    Rows before `since` only feed the observation state."""
+    Rows before `since` only feed the observation state. `mirrors`: shadow traffic's
+    answers by live request id (logged.read_mirrors), evidence where the log has none."""
     start = since if since is not None else (decisions[0].at if decisions else 0.0)
     clock = ReplayClock(decisions[0].at if decisions else 0.0)
     observed = ReplayedObservations(candidate, clock, decisions, attempts)
@@ -119,7 +132,7 @@ def replay(candidate: SidecarConfig, decisions: Sequence[LoggedDecision],
         state = groups.get(row.group)
         if state is None:
             state = groups[row.group] = _GroupState(candidate, row.group)
-        state.take(row, router, observed, candidate)
+        state.take(row, router, observed, candidate, (mirrors or {}).get(row.request_id, ()))
     if progress is not None:
         progress(total, total)
     return [groups[name].finish(confidence) for name in sorted(groups)]
@@ -138,13 +151,14 @@ class _GroupState:
                            config_group.dynamic_score.signals.prompt_features.features}
         self.samples: dict[str, list[Sample]] = {name: [] for name in FIGURES}
         self.every: list[Sample] = []
-        self.changed = self.churn = self.unsupported = 0.0
+        self.changed = self.churn = self.unsupported = self.shadow_supported = 0.0
+        self.paired: dict[str, list[tuple[float, float]]] = {name: [] for name in FIGURES}
         self.logged_targets: set[str] = set()
         self.unscanned = 0      # rows whose logging policy did not look for features
         self.found: set[str] = set()
 
     def take(self, row: LoggedDecision, router: Router, observed: ReplayedObservations,
-             candidate: SidecarConfig) -> None:
+             candidate: SidecarConfig, mirrored: Sequence[MirroredAnswer] = ()) -> None:
         report = self.report
         report.rows += 1
         if row.policy_version:
@@ -175,6 +189,8 @@ class _GroupState:
             report.pinned += 1
             self.churn += moved
         self.unsupported += sum(p for t, p in odds.items() if logged.get(t, 0.0) <= 0)
+        if mirrored:
+            self._pair(row, odds, logged, mirrored)
         self.logged_targets.add(row.selected)
         if row.scanned:
             self.found |= row.features
@@ -188,13 +204,40 @@ class _GroupState:
                 self.samples[name].append(Sample(row.selected, propensity, float(value),
                                                  odds, cell))
 
+    def _pair(self, row: LoggedDecision, odds: dict[str, float], logged: dict[str, float],
+              mirrored: Sequence[MirroredAnswer]) -> None:
+        """Shadow traffic's answers to this very request: where they cover every target
+        the candidate could pick, its expected figures need no estimator."""
+        answers = {m.candidate: (m.cost_usd, m.latency_ms, 1.0 if m.failed else 0.0)
+                   for m in mirrored}
+        self.shadow_supported += sum(p for t, p in odds.items()
+                                     if logged.get(t, 0.0) <= 0 and t in answers)
+        served = row.serving or row.selected
+        if served is not None:
+            answers.setdefault(served, (row.cost_usd, row.latency_ms,
+                                        1.0 if row.failed else 0.0))
+        picked = [(t, p) for t, p in odds.items() if p > 0]
+        if served is None or not all(t in answers for t, _ in picked):
+            return
+        own = answers[served]
+        for index, name in enumerate(FIGURES):
+            values = [answers[t][index] for t, _ in picked]
+            if own[index] is None or any(v is None for v in values):
+                continue
+            expected = sum(p * v for (_, p), v in zip(picked, values, strict=True))
+            self.paired[name].append((expected, float(own[index])))  # type: ignore[arg-type]
+
     def finish(self, confidence: float) -> GroupReplay:
         report = self.report
         n = len(self.every)
         report.evaluated = n
+        report.paired = {name: (len(pairs), sum(c for c, _ in pairs) / len(pairs),
+                                sum(v for _, v in pairs) / len(pairs))
+                         for name, pairs in self.paired.items() if pairs}
         if n:
             report.changed = self.changed / n
             report.unsupported_mass = self.unsupported / n
+            report.shadow_supported_mass = self.shadow_supported / n
             report.unlogged_mass = sum(
                 p for s in self.every for t, p in s.candidate.items()
                 if t not in self.logged_targets) / n

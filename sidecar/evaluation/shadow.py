@@ -87,7 +87,7 @@ class ShadowDecider:
         self._observations = observations
         self._pending: deque[tuple[RequestSummary, dict[str, float]]] = deque()
         self._max_pending = max_pending
-        self.tallies = {name: ShadowTally(policy_version(self._groups[name]),
+        self.tallies = {name: ShadowTally(policy_version(self._groups[name].live_group()),
                                           policy_version(shadow))  # type: ignore[arg-type]
                         for name, shadow in shadows.items()}
         # Since the start, for /metrics (the tallies are taken for telemetry rollups).

@@ -54,6 +54,8 @@ from sidecar.gateway.sessions import (
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.quotas.admission import Quotas
 from sidecar.rollout.canary_guard import CanaryGuard
+from sidecar.rollout.shadow_traffic import ShadowTraffic
+from sidecar.routing.canary import CANARY
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
@@ -94,8 +96,10 @@ class Gateway:
         self.shadows = shadow_decider(runtime.config, observations)
         # Hedging groups' budgets and deadlines (gateway/hedging.py).
         self.hedges = Hedges(runtime.config)
-        # The guards of groups' canaries (rollout/canary_guard.py), set by the assembly.
+        # The guards of groups' canaries (rollout/canary_guard.py), and groups' shadow
+        # traffic (rollout/shadow_traffic.py), set by the assembly.
         self.canary: CanaryGuard | None = None
+        self.mirror: ShadowTraffic | None = None
         # Deciders a reload replaced, until the shadow loop has drained and rolled them up.
         self.retired_shadows: list[ShadowDecider] = []
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
@@ -251,7 +255,7 @@ class Gateway:
             log_decision(decision, pending.caller.name)
         if decision.trace.canary is not None and self.canary is not None:
             self.canary.decided(pending.request_id, model, decision.trace.canary,
-                                decision.trace.policy_version)
+                                runtime.router.canary(model).version)  # type: ignore[union-attr]
         if self._telemetry is not None and pending.request_id:
             self._telemetry.decided(DecisionFacts(
                 pending.request_id, time.time(), pending.caller.name, model, decision,
@@ -259,7 +263,8 @@ class Gateway:
         if self.quotas is not None and pending.request_id and isinstance(decision, Decision):
             self.quotas.expect(pending.request_id, estimate_of(summary))  # type: ignore[arg-type]
         shadows = self.shadows
-        if shadows is not None and model in shadows and isinstance(decision, Decision):
+        if (shadows is not None and model in shadows and isinstance(decision, Decision)
+                and decision.trace.canary != CANARY):  # shadow policies judge the live side
             shadows.offer(summary, decision)
         if isinstance(decision, NoEligibleTarget):
             if decision.retry_after_s is not None:
@@ -271,6 +276,11 @@ class Gateway:
 
         if session:
             return self._session_forward(pending, model, parsed, decision)
+        mirror = self.mirror
+        if mirror is not None and model in mirror.groups:  # after the decision, off its path
+            mirror.offer(model, pending.request_id, pending.dialect, summary, decision,
+                         lambda ref, ask: b"".join(parsed.model_replaced(ref, ask)),
+                         runtime.routes)
         hedges = self.hedges if runtime is self._runtime else None
         return forward_decision(runtime, model, group, pending, parsed, summary, decision,
                                 cache.slot if cache is not None else None, hedges,
@@ -362,8 +372,12 @@ def affinity_key(caller: str, model: str, group: ModelGroup, dialect: Dialect,
                  payload: dict, stateful_session: bool = False) -> bytes | None:
     """Only dynamic-score groups with affinity on pin conversations; explicit stateful
     sessions (session header, Responses `previous_response_id`) never touch affinity.
-    Shared with `sidecar explain`, so it shows the outcome live traffic would have."""
-    if group.strategy != "dynamic_score" or not group.dynamic_score.affinity.enabled:
+    A group with a canary keys every conversation: its side is taken by the key
+    (routing/canary.py), whatever the strategies. Shared with `sidecar explain`, so it
+    shows the outcome live traffic would have."""
+    canary = group.rollout is not None and group.rollout.canary is not None
+    if not canary and (group.strategy != "dynamic_score"
+                       or not group.dynamic_score.affinity.enabled):
         return None
     if stateful_session or payload.get("previous_response_id") is not None:
         return None

@@ -22,8 +22,10 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf.message import DecodeError
 
 from sidecar.envoy_contract import (
+    ACCESS_LOG_NAME,
     ATTEMPT_LOG_NAME,
     HEDGE_CLUSTER_PREFIX,
+    SHADOW_LOG_NAME,
     UNRECOGNISED_HEADER,
 )
 from sidecar.grpcwire.call import Call, UndecodableMessage
@@ -61,6 +63,10 @@ class TelemetrySink(Protocol):
     def fallback(self, transition: Transition) -> None: ...
 
 
+class MirrorFeeds(Protocol):
+    def feeds(self, group: str) -> bool: ...
+
+
 class HedgeSink(Protocol):
     def ended(self, cluster: str, attempts: int, served_by: str | None) -> None: ...
 
@@ -75,12 +81,18 @@ class FanOut:
         return any(sink.wants(request_id) for sink in self._sinks)
 
     def finished(self, result: RequestResult) -> None:
-        for sink in self._sinks:
-            sink.finished(result)
+        for sink in self._sinks:  # one sink's bug must not cost the others their result
+            try:
+                sink.finished(result)
+            except Exception:
+                _limited.exception("access_log_sink", "an access-log sink failed a result")
 
     def fallback(self, transition: Transition) -> None:
         for sink in self._sinks:
-            sink.fallback(transition)
+            try:
+                sink.fallback(transition)
+            except Exception:
+                _limited.exception("access_log_sink", "an access-log sink failed a result")
 
 
 class AccessLogReceiver:
@@ -109,6 +121,9 @@ class AccessLogReceiver:
         # Entries received per log (`/metrics`): the per-attempt log carries only failed
         # and later attempts (envoy_config/observation_filters.py, failed_attempts_only).
         self.entries = {"request": 0, "attempt": 0}
+        # Groups' shadow traffic (rollout/shadow_traffic.py): whether a candidate's entries
+        # feed its observations. Set by the assembly.
+        self.mirror: MirrorFeeds | None = None
         # Refusals no entry of the refusal catalogue knows, by provider (`/metrics`): the
         # labels are the configured providers, whatever the replies say.
         self.unrecognised_refusals: dict[str, int] = {}
@@ -143,6 +158,22 @@ class AccessLogReceiver:
                     self._attempt(entry)
                 else:
                     self._request(entry)
+            except Exception:  # one odd entry must not end the stream
+                _limited.exception("access_log_entry", "unreadable access-log entry skipped")
+
+    def mirrored(self, message: als_pb2.StreamAccessLogsMessage) -> None:
+        """Entries of the shadow listener's log (rollout/shadow_traffic.py): observations of
+        the candidate where its group's mirror feeds them, and nothing else — no telemetry
+        row, no attempt pairing, no fallback: a mirrored request is no caller's."""
+        entries = message.http_logs.log_entry
+        self.entries["shadow"] = self.entries.get("shadow", 0) + len(entries)
+        mirror = self.mirror
+        for entry in entries:
+            try:
+                observation = observation_of(entry, self._targets)
+                group = self._groups.get(served_by(entry.common_properties), "")
+                if observation is not None and mirror is not None and mirror.feeds(group):
+                    self._store.record(observation)
             except Exception:  # one odd entry must not end the stream
                 _limited.exception("access_log_entry", "unreadable access-log entry skipped")
 
@@ -235,7 +266,7 @@ class AccessLogStream:
 
     def __init__(self, receiver: AccessLogReceiver) -> None:
         self._receiver = receiver
-        self._per_attempt = False
+        self._log = ACCESS_LOG_NAME
 
     def on_message(self, call: Call, payload: bytes | memoryview) -> None:
         try:
@@ -243,8 +274,11 @@ class AccessLogStream:
         except DecodeError as error:  # the peer's fault: INVALID_ARGUMENT, no traceback
             raise UndecodableMessage(str(error)) from None
         if message.HasField("identifier"):
-            self._per_attempt = message.identifier.log_name == ATTEMPT_LOG_NAME
-        self._receiver.receive(message, self._per_attempt)
+            self._log = message.identifier.log_name
+        if self._log == SHADOW_LOG_NAME:
+            self._receiver.mirrored(message)
+        else:
+            self._receiver.receive(message, self._log == ATTEMPT_LOG_NAME)
 
     def on_half_close(self, call: Call) -> None:
         call.send(_EMPTY_RESPONSE)

@@ -47,9 +47,18 @@ _FAILED_ENDS = frozenset({*(o.value for o in _ERRORS), Outcome.UPSTREAM_TIMEOUT.
 
 
 def request_failed(status: int | None, error_class: str | None) -> bool:
-    """Whether a request's end (its final status and outcome class) was a failure."""
+    """Whether a request's end (its final status and outcome class) was a failure. A
+    caller's hang-up is not, whatever status Envoy logged (0 before any response)."""
+    if error_class == Outcome.CLIENT_CANCEL.value:
+        return False
     return (status is None or status <= 0 or status >= 500
             or (error_class is not None and error_class in _FAILED_ENDS))
+
+
+def attempt_failed(error_class: str) -> bool:
+    """Whether a failed attempt (a fallback transition's class) was the target's failure:
+    not a prompt too long for its window, nor a refusal of the caller's own request."""
+    return error_class in _FAILED_ENDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ from sidecar.quotas.admission import Quotas
 from sidecar.quotas.metrics import add_quota_metrics
 from sidecar.rollout.canary_guard import CanaryGuard
 from sidecar.rollout.canary_metrics import add_canary_metrics
+from sidecar.rollout.shadow_traffic import ShadowTraffic
+from sidecar.rollout.shadow_traffic_metrics import add_shadow_traffic_metrics
 from sidecar.routing.router import Router
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.database import open_database
@@ -86,6 +88,8 @@ class RunningSidecar:
         await self.admin.stop()
         if self.canary_guards is not None:
             self.canary_guards.cancel()
+        if self.gateway.mirror is not None:
+            await self.gateway.mirror.stop()
         await self.server.stop(grace=grace)
         await self.quotas.stop()
         if self.fleet is not None:
@@ -127,12 +131,15 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                         admin_address: str, log_decisions: bool = False,
                         channel_token: str | None = None,
                         grpc_server: str = "own",
-                        admin_token: str | None = None) -> RunningSidecar:
+                        admin_token: str | None = None,
+                        shadow_address: str | None = None) -> RunningSidecar:
     """Raises OSError when an address cannot be bound; nothing is left running then.
     With `channel_token`, ext_proc and access-log calls must present it (grpcwire/auth.py);
     without, the gRPC port trusts every peer (only for tests of the port itself).
     `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py).
-    Raises ValueError for an admin address beyond loopback without `admin_token`."""
+    Raises ValueError for an admin address beyond loopback without `admin_token`.
+    `shadow_address`: Envoy's shadow listener, where groups' shadow traffic goes (none
+    without it, nor without `channel_token`, which that listener requires)."""
     host, port = split_host_port(admin_address)
     check_exposure(host, admin_token)
     store = observation_store(config)
@@ -155,14 +162,22 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                          telemetry.canary if telemetry is not None else None,
                          reports.withdrawn_canaries if reports is not None else None,
                          max_request_s=longest_request_s(config))
+    # Groups' shadow traffic (docs/rollout.md §4): sent off the request path, paired with
+    # the live answers the access log brings.
+    mirror = ShadowTraffic(config, shadow_address, channel_token,
+                           telemetry.mirror if telemetry is not None else None,
+                           max_request_s=longest_request_s(config))
+    gateway.mirror = mirror
     if enabled:
         gateway.canary = canary
-    sinks = [sink for sink in (telemetry, quotas.ledger, canary if enabled else None)
-             if sink is not None]
+    sinks = [sink for sink in (telemetry, quotas.ledger, canary if enabled else None,
+                               mirror if enabled else None) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=FanOut(sinks), hedges=lambda: gateway.hedges)
                 if enabled else None)
+    if receiver is not None:
+        receiver.mirror = mirror
     processor = ExternalProcessor(gateway)
     auth = ChannelAuth(channel_token) if channel_token is not None else None
     try:
@@ -182,6 +197,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     add_hedge_metrics(metrics, lambda: gateway.hedges)
     add_canary_metrics(metrics, canary, lambda: gateway.runtime.router,
                        lambda: list(gateway.runtime.config.models))
+    add_shadow_traffic_metrics(metrics, mirror)
     if receiver is not None:
         metrics.add_counter("access_log_entries", "Envoy access-log entries received, by log",
                             ("log",), lambda: {(name,): n for name, n in receiver.entries.items()})

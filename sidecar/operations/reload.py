@@ -179,6 +179,11 @@ def apply(sidecar: RunningSidecar, config: SidecarConfig, runtime: Runtime) -> N
         gateway.quotas.reconfigure(config, window)
     if sidecar.telemetry is not None:
         sidecar.telemetry.reconfigure(config.target_prices, window)
+    if gateway.canary is not None:
+        gateway.canary.max_request_s = window
+    if gateway.mirror is not None:
+        gateway.mirror.reconfigure(config)
+        gateway.mirror.max_request_s = window
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

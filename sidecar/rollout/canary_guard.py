@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from sidecar.config.models import SidecarConfig
 from sidecar.config.rollout import CanaryGuards
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.observe.records import request_failed
+from sidecar.observe.records import attempt_failed, request_failed
 from sidecar.routing.canary import CANARY, CanarySplit
 from sidecar.routing.router import Router
 from sidecar.routing.thresholds import wilson_bounds
@@ -136,6 +136,7 @@ class CanaryGuard:
         self._config = config
         self._events = events
         self._recorded = recorded
+        self._priced: tuple[object, dict] = (None, {})
         self._clock = clock
         self._wall_clock = wall_clock
         self.max_request_s = max_request_s
@@ -172,6 +173,8 @@ class CanaryGuard:
     def fallback(self, transition) -> None:  # observe/attempts.py Transition
         """An attempt of a canary request failed (the per-attempt log may tell of it after
         the request's own entry: then the request, already counted, is marked failed)."""
+        if not attempt_failed(transition.error_class):
+            return
         entry = self._pending.get(transition.request_id)
         if entry is not None:
             entry[3] = True
@@ -184,14 +187,17 @@ class CanaryGuard:
         entry = self._pending.pop(result.request_id, None)
         if entry is None:
             return
-        group, version, _, attempt_failed = entry
+        group, version, _, an_attempt_failed = entry
+        split = self._router().canary(group)
+        if split is None or split.version != version:  # a reload replaced that canary
+            return
         canary = self._canaries.get(group)
         if canary is None or canary.version != version:
             canary = self._canaries[group] = _Canary(version)
         # Failed when it ended so, or when any attempt failed: a fallback hides a failure
         # from the caller, not from the canary's judge.
-        failed = attempt_failed or request_failed(result.status, result.error_class)
-        price = self._config().target_prices.get(result.serving_target or "")
+        failed = an_attempt_failed or request_failed(result.status, result.error_class)
+        price = self._prices().get(result.serving_target or "")
         ended = _Ended(self._clock(), failed, result.latency_ms, result.ttfb_ms,
                        cost_usd(price, result) if not failed else None)
         canary.ended.append(ended)
@@ -200,6 +206,12 @@ class CanaryGuard:
         if len(recent) > MAX_RECENT:
             recent.popitem(last=False)
         self.judge()
+
+    def _prices(self) -> dict:
+        config = self._config()
+        if self._priced[0] is not config:  # once per configuration, not per request
+            self._priced = (config, config.target_prices)
+        return self._priced[1]
 
     # ---- judging ------------------------------------------------------------------------
 

@@ -20,14 +20,17 @@ _SPAN = 1 << 64
 
 @dataclass(slots=True)
 class CanarySplit:
-    """`share`: the fraction (0–0.5) of requests the candidate decides. `withdrawn`: set
-    once, by the guard (rollout/canary_guard.py); never cleared — a withdrawn candidate
-    comes back only as another configuration (another version)."""
+    """`share`: the fraction (0–0.5) of requests the candidate decides; `version`: the
+    canary's identity (policy_version.canary_version), what a withdrawal holds for;
+    `policy_version`: the candidate group's, what its decisions say decided them.
+    `withdrawn`: set once, by the guard (rollout/canary_guard.py); never cleared — a
+    withdrawn canary comes back only as another canary (another identity)."""
 
     share: float
     version: str
+    policy_version: str = ""
     withdrawn: bool = False
-    _credit: float = field(default=0.0, repr=False)
+    _credit: int = field(default=0, repr=False)
 
     def side(self, request: RequestSummary) -> str:
         """CANARY, LIVE, or WITHDRAWN for a request the candidate would have decided."""
@@ -35,10 +38,10 @@ class CanarySplit:
         if key is not None:
             taken = int.from_bytes(key[:8], "big") < self.share * _SPAN
         else:
-            self._credit += self.share
-            taken = self._credit >= 1.0
+            self._credit += round(self.share * 100_000)  # exact: in 1/1000 %
+            taken = self._credit >= 100_000
             if taken:
-                self._credit -= 1.0
+                self._credit -= 100_000
         if not taken:
             return LIVE
         return WITHDRAWN if self.withdrawn else CANARY

@@ -15,8 +15,19 @@ import hashlib
 import json
 
 from sidecar.config.models import ModelGroup
+from sidecar.config.rollout import Canary
 
 VERSION_DIGITS = 12
+
+
+def canary_version(canary: Canary) -> str:
+    """A canary's identity: what its block changes (strategy, policy, weights, targets),
+    not its share or guards, and not the live group it is added to. A withdrawal holds for
+    this identity: an edit of the live side, its share or its guards does not bring a
+    withdrawn candidate back; an edit of what it changes is a new canary."""
+    canonical = json.dumps(canary.model_dump(mode="json", exclude={"share_percent", "guards"}),
+                           sort_keys=True, separators=(",", ":"))
+    return "c" + hashlib.sha256(canonical.encode()).hexdigest()[:VERSION_DIGITS - 1]
 
 
 def policy_version(group: ModelGroup) -> str:

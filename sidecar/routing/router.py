@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from sidecar.bridge.registry import bridged_callers
-from sidecar.config.models import ModelGroup, SidecarConfig
+from sidecar.config.models import SHADOW_ONLY, ModelGroup, SidecarConfig
 from sidecar.routing.affinity import AffinityStore, Clock
 from sidecar.routing.canary import CANARY, CanarySplit
 from sidecar.routing.decision import Decision, NoEligibleTarget, TargetChoice
@@ -27,7 +27,7 @@ from sidecar.routing.gates import (
     refusal_reason,
 )
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
-from sidecar.routing.policy_version import policy_version
+from sidecar.routing.policy_version import canary_version, policy_version
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import (
     Context,
@@ -37,9 +37,6 @@ from sidecar.routing.strategies import (
     strategy_for,
 )
 from sidecar.routing.trace import DecisionTrace
-
-# The exclusion a canary-only target gets on the live side (docs/rollout.md).
-CANARY_ONLY = "rollout.canary_only"
 
 
 @dataclass(slots=True)
@@ -72,9 +69,13 @@ class Router:
             name: strategy_for(group, clock, wall_clock)
             for name, group in config.models.items()
         }
-        # Targets only a canary routes to (index sets), and each group's canary.
-        self._canary_only = {name: group.canary_only for name, group in config.models.items()
-                             if group.canary_only}
+        # Targets a rollout withholds from the live side (index → exclusion), from a
+        # canary's candidate (a shadow-only candidate), and each group's canary.
+        self._withheld = {name: group.withheld for name, group in config.models.items()
+                          if group.withheld}
+        self._withheld_from_canary = {
+            name: {i: stage for i, stage in withheld.items() if stage == SHADOW_ONLY}
+            for name, withheld in self._withheld.items()}
         self._canaries: dict[str, _Canary] = {}
         for name, group in config.models.items():
             candidate = group.canary_group()
@@ -82,7 +83,8 @@ class Router:
                 continue
             canary = group.rollout.canary  # type: ignore[union-attr]
             self._canaries[name] = _Canary(
-                CanarySplit(canary.share_percent / 100, policy_version(candidate)),
+                CanarySplit(canary.share_percent / 100, canary_version(canary),
+                            policy_version(candidate)),
                 candidate.strategy,
                 group_gates(candidate, config.target_dialects, bridged_callers),
                 strategy_for(candidate, clock, wall_clock), candidate)
@@ -100,19 +102,19 @@ class Router:
         side = canary.split.side(request) if canary is not None else None
         if side == CANARY:
             strategy_name, gates = canary.strategy_name, canary.gates
-            strategy, version = canary.strategy, canary.split.version
+            strategy, version = canary.strategy, canary.split.policy_version
         trace = DecisionTrace(strategy=strategy_name, target_count=len(group.targets),
                               policy_version=version, canary=side)
         if request.reasoning is not None:
             trace.reasoning = {"effort": request.reasoning.effort,
                                "budget_tokens": request.reasoning.budget_tokens}
         eligible = passing_targets(request, gates, trace)
-        only = self._canary_only.get(name)
-        if only and side != CANARY:
+        withheld = (self._withheld_from_canary if side == CANARY else self._withheld).get(name)
+        if withheld:
             for choice in eligible:
-                if choice.index in only:
-                    trace.exclude(choice.label, CANARY_ONLY)
-            eligible = [choice for choice in eligible if choice.index not in only]
+                if choice.index in withheld:
+                    trace.exclude(choice.label, withheld[choice.index])
+            eligible = [choice for choice in eligible if choice.index not in withheld]
         if not eligible:
             return NoEligibleTarget(request.group, refusal_reason(request, trace), trace)
         eligible, waits = admitted(eligible, observations, trace)

@@ -38,6 +38,7 @@ from sidecar.telemetry.results import RequestResult, result_record
 from sidecar.telemetry.rows import (
     CanaryEventRow,
     DecisionFacts,
+    MirrorRow,
     ShadowRow,
     decision_record,
     price_records,
@@ -101,6 +102,10 @@ class TelemetryHandoff:
     def canary(self, row: CanaryEventRow) -> None:
         """A canary's event (rollout/canary_guard.py): a withdrawal, once per candidate."""
         self._add(("c", astuple(row)))
+
+    def mirror(self, row: MirrorRow) -> None:
+        """A mirrored request beside its live answer (rollout/shadow_traffic.py)."""
+        self._add(("m", astuple(row)))
 
     def _add(self, item: tuple[str, Any]) -> None:
         """Encoded at once: bytes are no work for the garbage collector, whereas the tuple

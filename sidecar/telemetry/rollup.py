@@ -154,7 +154,8 @@ def _delete_raw(cursor: Any, db: Database, day: str) -> int:
     cursor.execute(sql("DELETE FROM fallback_transitions WHERE at >= {p} AND at < {p}", db),
                    (start, end))
     deleted += max(0, cursor.rowcount)
-    for table in ("shadow_rollups", "canary_events"):
+    # (canary_events are kept: a withdrawal must outlive retention, rollout/canary_guard.py)
+    for table in ("shadow_rollups", "shadow_requests"):
         cursor.execute(sql(f"DELETE FROM {table} WHERE at >= {{p}} AND at < {{p}}", db),
                        (start, end))
         deleted += max(0, cursor.rowcount)

@@ -151,6 +151,41 @@ class CanaryEventRow:
     errors: int
 
 
+@dataclass(slots=True)
+class MirrorRow:
+    """A mirrored request (rollout/shadow_traffic.py) paired with its live answer: what
+    each side did, and agreement that needs no judge. Safe scalars only: the candidate's
+    finish class, the names of the tools it called (the request's own tool names), and
+    whether its tool arguments and its text parse as JSON — never the text."""
+
+    at: float
+    group: str
+    live_request_id: str
+    candidate: str
+    stream: bool
+    shadow_status: int
+    shadow_error_class: str | None
+    shadow_latency_ms: float | None
+    shadow_ttft_ms: float | None
+    shadow_input_tokens: int | None
+    shadow_output_tokens: int | None
+    shadow_cost_usd: float | None
+    shadow_finish: str | None
+    shadow_tools: str
+    shadow_tool_arguments_valid: bool | None
+    shadow_json_valid: bool | None
+    live_target: str | None = None
+    live_status: int | None = None
+    live_error_class: str | None = None
+    live_latency_ms: float | None = None
+    live_ttfb_ms: float | None = None
+    live_input_tokens: int | None = None
+    live_output_tokens: int | None = None
+    live_cost_usd: float | None = None
+    both_answered: bool = False
+    output_ratio: float | None = None   # the candidate's output tokens over the live one's
+
+
 @dataclass(frozen=True, slots=True)
 class FallbackRow:
     request_id: str

@@ -11,7 +11,7 @@ import json
 from dataclasses import fields
 from operator import attrgetter
 
-from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, RequestRow, ShadowRow
+from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, MirrorRow, RequestRow, ShadowRow
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -108,6 +108,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             errors BIGINT NOT NULL)""",
         "CREATE INDEX canary_events_at ON canary_events (at)",
     )),
+    (11, (  # shadow traffic (#42): each mirrored request beside its live answer
+        """CREATE TABLE shadow_requests (
+            at DOUBLE PRECISION NOT NULL, replica TEXT NOT NULL, group_name TEXT NOT NULL,
+            live_request_id TEXT NOT NULL, candidate TEXT NOT NULL, stream BOOLEAN NOT NULL,
+            shadow_status INTEGER NOT NULL, shadow_error_class TEXT,
+            shadow_latency_ms DOUBLE PRECISION, shadow_ttft_ms DOUBLE PRECISION,
+            shadow_input_tokens BIGINT, shadow_output_tokens BIGINT,
+            shadow_cost_usd DOUBLE PRECISION, shadow_finish TEXT, shadow_tools TEXT NOT NULL,
+            shadow_tool_arguments_valid BOOLEAN, shadow_json_valid BOOLEAN,
+            live_target TEXT, live_status INTEGER, live_error_class TEXT,
+            live_latency_ms DOUBLE PRECISION, live_ttfb_ms DOUBLE PRECISION,
+            live_input_tokens BIGINT, live_output_tokens BIGINT,
+            live_cost_usd DOUBLE PRECISION, both_answered BOOLEAN NOT NULL,
+            output_ratio DOUBLE PRECISION)""",
+        "CREATE INDEX shadow_requests_at ON shadow_requests (at)",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.
@@ -119,6 +135,7 @@ _RENAMED = {"group": "group_name", "join": "join_kind", "limit": "guard_limit"}
 REQUEST_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(RequestRow)))
 FALLBACK_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(FallbackRow)))
 SHADOW_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(ShadowRow)))
+MIRROR_COLUMNS = ("replica", *(_RENAMED.get(f.name, f.name) for f in fields(MirrorRow)))
 # The table's order: replica second, as in the CREATE TABLE.
 CANARY_COLUMNS = ("at", "replica", *(_RENAMED.get(f.name, f.name)
                                      for f in fields(CanaryEventRow) if f.name != "at"))
@@ -128,6 +145,7 @@ CANARY_COLUMNS = ("at", "replica", *(_RENAMED.get(f.name, f.name)
 _REQUEST_FIELDS = attrgetter(*(f.name for f in fields(RequestRow)))
 _FALLBACK_FIELDS = attrgetter(*(f.name for f in fields(FallbackRow)))
 _SHADOW_FIELDS = attrgetter(*(f.name for f in fields(ShadowRow)))
+_MIRROR_FIELDS = attrgetter(*(f.name for f in fields(MirrorRow)))
 _SHAPE = REQUEST_COLUMNS.index("request_shape")
 _SCORES = REQUEST_COLUMNS.index("selected_scores")
 _ODDS = REQUEST_COLUMNS.index("candidate_odds")
@@ -162,6 +180,10 @@ def fallback_values(replica: str, row: FallbackRow) -> tuple[object, ...]:
 
 def shadow_values(replica: str, row: ShadowRow) -> tuple[object, ...]:
     return (replica, *_SHADOW_FIELDS(row))
+
+
+def mirror_values(replica: str, row: MirrorRow) -> tuple[object, ...]:
+    return (replica, *_MIRROR_FIELDS(row))
 
 
 def canary_values(replica: str, row: CanaryEventRow) -> tuple[object, ...]:

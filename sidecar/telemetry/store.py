@@ -14,21 +14,23 @@ from operator import itemgetter
 from sidecar.telemetry import encode
 from sidecar.telemetry.database import Database, sql
 from sidecar.telemetry.rollup import Maintenance, maintain
-from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, RequestRow, ShadowRow
+from sidecar.telemetry.rows import CanaryEventRow, FallbackRow, MirrorRow, RequestRow, ShadowRow
 from sidecar.telemetry.schema import (
     CANARY_COLUMNS,
     FALLBACK_COLUMNS,
     MIGRATION_LOCK,
     MIGRATIONS,
+    MIRROR_COLUMNS,
     REQUEST_COLUMNS,
     SHADOW_COLUMNS,
     canary_values,
     fallback_values,
     insert_sql,
+    mirror_values,
     request_values,
     shadow_values,
 )
-from sidecar.telemetry.writer import CANARY, FALLBACK, REQUEST, SHADOW
+from sidecar.telemetry.writer import CANARY, FALLBACK, MIRROR, REQUEST, SHADOW
 
 Values = tuple[object, ...]
 # A RequestRow's values (REQUEST_COLUMNS order) in the order the INSERT names the columns.
@@ -37,6 +39,7 @@ _INSERT_REQUESTS = insert_sql("request_rows", encode.COLUMNS)
 _INSERT_FALLBACKS = insert_sql("fallback_transitions", FALLBACK_COLUMNS)
 _INSERT_SHADOWS = insert_sql("shadow_rollups", SHADOW_COLUMNS)
 _INSERT_CANARIES = insert_sql("canary_events", CANARY_COLUMNS)
+_INSERT_MIRRORS = insert_sql("shadow_requests", MIRROR_COLUMNS)
 
 
 class TelemetryStore:
@@ -69,6 +72,8 @@ class TelemetryStore:
         """A row object as `write_values` takes it: (its table, its values)."""
         if isinstance(row, CanaryEventRow):
             return CANARY, canary_values(self._replica, row)
+        if isinstance(row, MirrorRow):
+            return MIRROR, mirror_values(self._replica, row)
         if isinstance(row, FallbackRow):
             return FALLBACK, fallback_values(self._replica, row)
         if isinstance(row, ShadowRow):
@@ -77,16 +82,16 @@ class TelemetryStore:
 
     def write(self, requests: Sequence[RequestRow], fallbacks: Sequence[FallbackRow],
               shadows: Sequence[ShadowRow] = (),
-              canaries: Sequence[CanaryEventRow] = ()) -> None:
-        self.write_values([self.values(r)[1] for r in requests],
-                          [self.values(r)[1] for r in fallbacks],
-                          [self.values(r)[1] for r in shadows],
-                          [self.values(r)[1] for r in canaries])
+              canaries: Sequence[CanaryEventRow] = (),
+              mirrors: Sequence[MirrorRow] = ()) -> None:
+        self.write_values(*([self.values(r)[1] for r in rows]
+                            for rows in (requests, fallbacks, shadows, canaries, mirrors)))
 
     def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
-                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = ()) -> None:
+                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = (),
+                     mirrors: Sequence[Values] = ()) -> None:
         """One transaction: request rows in `encode.COLUMNS` order, fallback rows, shadow
-        rollups, canary events."""
+        rollups, canary events, mirrored requests."""
         if not self._open:
             self.open()
         with self.db.transaction() as cursor:
@@ -98,6 +103,8 @@ class TelemetryStore:
                 cursor.executemany(sql(_INSERT_SHADOWS, self.db), shadows)
             if canaries:
                 cursor.executemany(sql(_INSERT_CANARIES, self.db), canaries)
+            if mirrors:
+                cursor.executemany(sql(_INSERT_MIRRORS, self.db), mirrors)
 
     def maintain(self, now: float) -> Maintenance:
         """Daily rollups and raw-row retention (rollup.py)."""

@@ -49,15 +49,22 @@ from sidecar.telemetry.rows import (
     DecisionRecord,
     FallbackRow,
     JoinedRequest,
+    MirrorRow,
     Price,
     ShadowRow,
     request_row,
 )
-from sidecar.telemetry.schema import canary_values, fallback_values, shadow_values
+from sidecar.telemetry.schema import (
+    canary_values,
+    fallback_values,
+    mirror_values,
+    shadow_values,
+)
 from sidecar.telemetry.store import TelemetryStore
 from sidecar.telemetry.writer import (
     CANARY,
     FALLBACK,
+    MIRROR,
     REQUEST,
     SHADOW,
     Pacing,
@@ -105,13 +112,15 @@ class Worker:
         # In the background, input waits while the CPUs are contended (deferral.py).
         self.deferral = Deferral() if background else None
 
-    def _prepare(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow
+    def _prepare(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow | MirrorRow
                  ) -> Prepared:
         """On the writer thread: the row's values, counted (and traced) as they are made."""
         if isinstance(item, ShadowRow):
             return SHADOW, shadow_values(self.encoder.replica, item)
         if isinstance(item, CanaryEventRow):
             return CANARY, canary_values(self.encoder.replica, item)
+        if isinstance(item, MirrorRow):
+            return MIRROR, mirror_values(self.encoder.replica, item)
         with self._counting:  # counted on the writer thread, reported on the reading one
             if isinstance(item, FallbackRow):
                 count_row(self.counts, item)
@@ -122,7 +131,8 @@ class Worker:
                                           item.join, item.at))
         return REQUEST, values
 
-    def _emit(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow) -> None:
+    def _emit(self, item: JoinedRequest | FallbackRow | ShadowRow | CanaryEventRow | MirrorRow
+              ) -> None:
         if not self.writer.offer(item):  # full: the row is lost, its counters are not
             self._prepare(item)
 
@@ -141,6 +151,8 @@ class Worker:
                 self._emit(ShadowRow(*record))
             elif kind == "c":
                 self._emit(CanaryEventRow(*record))
+            elif kind == "m":
+                self._emit(MirrorRow(*record))
             elif kind == "p":  # a reload (handoff.reconfigure)
                 prices, max_age_s = record
                 self.encoder.reprice(prices_of(prices))

@@ -35,7 +35,7 @@ from sidecar.grpcwire.ratelimit import LogLimiter
 
 Values = tuple[object, ...]
 # What `prepare` makes of an item: (its table, its values).
-REQUEST, FALLBACK, SHADOW, CANARY = 0, 1, 2, 3
+REQUEST, FALLBACK, SHADOW, CANARY, MIRROR = 0, 1, 2, 3, 4
 Prepared = tuple[int, Values]
 
 log = logging.getLogger("sidecar.telemetry")
@@ -52,7 +52,8 @@ class Store(Protocol):
         ...
 
     def write_values(self, requests: Sequence[Values], fallbacks: Sequence[Values],
-                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = ()) -> None:
+                     shadows: Sequence[Values] = (), canaries: Sequence[Values] = (),
+                     mirrors: Sequence[Values] = ()) -> None:
         ...
 
     def close(self) -> None:
@@ -185,7 +186,7 @@ class TelemetryWriter:
         log.info("telemetry maintenance: %s", done)  # Maintenance words itself (rollup.py)
 
     def _rows(self, chunk: list[Any]) -> tuple[list[Values], ...]:
-        tables: tuple[list[Values], ...] = ([], [], [], [])
+        tables: tuple[list[Values], ...] = ([], [], [], [], [])
         prepare = self._prepare
         for item in chunk:
             try:
@@ -196,11 +197,10 @@ class TelemetryWriter:
             tables[table].append(values)
         return tables
 
-    def _write(self, requests: list[Values], fallbacks: list[Values],
-               shadows: list[Values], canaries: list[Values]) -> None:
-        rows = len(requests) + len(fallbacks) + len(shadows) + len(canaries)
+    def _write(self, *tables: list[Values]) -> None:
+        rows = sum(len(table) for table in tables)
         try:
-            self._store.write_values(requests, fallbacks, shadows, canaries)
+            self._store.write_values(*tables)
         except Exception:
             self.dropped["write_error"] += rows
             _limited.exception("telemetry_write", "telemetry batch of %d rows dropped (%s "

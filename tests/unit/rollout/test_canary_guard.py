@@ -69,7 +69,7 @@ class Traffic:
             decision = self.router.decide(request(conversation_key=key))
             side = decision.trace.canary
             rid = f"r{self.n}"
-            self.guard.decided(rid, "g", side, decision.trace.policy_version)
+            self.guard.decided(rid, "g", side, self.router.canary("g").version)
             if side != LIVE:
                 break
         if side == CANARY:
@@ -157,14 +157,37 @@ def test_a_failed_attempt_a_fallback_hid_counts_against_the_canary() -> None:
         before = n % 2 == 0
         rid = f"r{traffic.n + 1}"
         if before:
-            guard.fallback(SimpleNamespace(request_id=rid))   # not yet decided: ignored
+            guard.fallback(SimpleNamespace(request_id=rid, error_class="server_error"))  # ignored
         side = traffic.one()
         rid = f"r{traffic.n}"
-        guard.fallback(SimpleNamespace(request_id=rid))
+        guard.fallback(SimpleNamespace(request_id=rid, error_class="server_error"))
         clock.now += 0.1
         if side != CANARY:
             break
     assert router.canary("g").withdrawn
+
+
+def test_hang_ups_and_prompts_too_long_are_not_the_candidates_failures() -> None:
+    router, guard, clock, _ = setup("max_error_rate: 0.05, min_requests: 10")
+    traffic = Traffic(router, guard)
+    for _ in range(60):
+        # Envoy logs status 0 for a caller gone before any response
+        traffic.one(status=0, error="client_cancel")
+        if traffic.one() == CANARY:   # its first attempt's prompt was too long there
+            guard.fallback(SimpleNamespace(request_id=f"r{traffic.n}",
+                                           error_class="context_window"))
+        clock.now += 0.5
+    assert not router.canary("g").withdrawn
+    assert guard.figures()["g"].errors == 0
+
+
+def test_ends_of_a_canary_a_reload_replaced_are_not_judged() -> None:
+    router, guard, clock, _ = setup("max_error_rate: 0.1, min_requests: 5")
+    for n in range(30):   # decided under another canary identity
+        guard.decided(f"old{n}", "g", CANARY, "c-another-one")
+        guard.finished(RequestResult(f"old{n}", 500, "q/new", 1, "server_error"))
+        clock.now += 1.1
+    assert not router.canary("g").withdrawn and "g" not in guard.figures()
 
 
 def test_the_guard_judges_at_most_once_a_second() -> None:

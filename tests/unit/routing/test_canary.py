@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 
 from sidecar.config import ConfigError
+from sidecar.config.models import CANARY_ONLY
 from sidecar.routing.canary import CANARY, LIVE, WITHDRAWN
 from sidecar.routing.decision import Decision
 from sidecar.routing.policy_version import policy_version
-from sidecar.routing.router import CANARY_ONLY, Router
+from sidecar.routing.router import Router
 from tests.unit.routing.helpers import config, request
 
 GROUP = """
@@ -78,7 +79,7 @@ def test_each_side_names_its_policy_and_the_live_one_is_the_group_before_the_can
                 router.decide(request(conversation_key=key(n))).trace.policy_version
                 for n in range(50)}
     assert versions[LIVE] == policy_version(config(PLAIN).models["g"])
-    assert versions[CANARY] == router.canary("g").version != versions[LIVE]
+    assert versions[CANARY] == router.canary("g").policy_version != versions[LIVE]
 
 
 def test_a_withdrawn_canary_sends_its_conversations_to_the_live_side_named_so() -> None:
@@ -100,6 +101,12 @@ def test_a_reload_keeps_a_withdrawal_of_the_same_candidate_only() -> None:
     same = Router(config(GROUP % 20))   # the share changed, the candidate did not
     same.carry_over(before)
     assert same.canary("g").withdrawn
+    # An edit of the live side (here its description) is the same canary too.
+    edited = Router(config((GROUP % 10).replace("    strategy: weighted\n",
+                                                "    strategy: weighted\n"
+                                                "    description: edited\n", 1)))
+    edited.carry_over(before)
+    assert edited.canary("g").withdrawn
     other = Router(config((GROUP % 10).replace("p/old: 0", "p/old: 1")))
     other.carry_over(before)
     assert not other.canary("g").withdrawn
@@ -119,8 +126,40 @@ def test_groups_without_a_canary_have_no_side_in_their_trace() -> None:
     ("{share_percent: 5, guards: {max_error_rate: 0.1}}", "changes nothing"),
     ("{share_percent: 5, targets: [q/new], guards: {}}", "at least one guard"),
     ("{share_percent: 60, targets: [q/new], guards: {max_error_rate: 0.1}}", "50"),
+    ("{share_percent: 5, targets: [q/new], weights: {p/old: 0, q/new: 0}, "
+     "guards: {max_error_rate: 0.1}}", "no target with a weight above 0"),
 ])
 def test_a_canary_that_cannot_work_is_refused_with_its_reason(rollout: str, message: str) -> None:
     text = (GROUP % 10).split("    rollout:")[0] + f"    rollout: {{canary: {rollout}}}\n"
     with pytest.raises(ConfigError, match=message):
         config(text)
+
+
+def test_a_weighted_groups_conversations_keep_their_side_through_the_gateways_key() -> None:
+    """The key is the gateway's own (affinity_key), which a weighted group without a canary
+    does not compute: every turn of a conversation lands on the same side."""
+    from sidecar.dialects.apis import Dialect
+    from sidecar.gateway.handler import affinity_key
+
+    cfg = config(GROUP % 50)
+    group = cfg.models["g"]
+    assert affinity_key("c", "g", config(PLAIN).models["g"], Dialect.OPENAI_CHAT,
+                        {"messages": [{"role": "user", "content": "hi"}]}) is None
+    router = Router(cfg)
+    for n in range(40):
+        opening = [{"role": "user", "content": f"question {n}"}]
+        turns = [opening, [*opening, {"role": "assistant", "content": "an answer"},
+                           {"role": "user", "content": "and then?"}]]
+        sides = {router.decide(request(conversation_key=affinity_key(
+            "c", "g", group, Dialect.OPENAI_CHAT, {"messages": turn}))).trace.canary
+            for turn in turns}
+        assert len(sides) == 1, n
+
+
+def test_a_canary_needs_observations() -> None:
+    from sidecar.config import load_config_text
+    from tests.unit.routing.helpers import PROVIDERS
+
+    with pytest.raises(ConfigError, match=r"rollout\.canary needs observations"):
+        load_config_text(PROVIDERS + "observations: {enabled: false}\nmodels:\n"
+                         + GROUP % 10)

@@ -125,13 +125,14 @@ def test_docs_operations_names_every_column_of_every_table() -> None:
     from sidecar.telemetry.schema import (
         CANARY_COLUMNS,
         FALLBACK_COLUMNS,
+        MIRROR_COLUMNS,
         REQUEST_COLUMNS,
         SHADOW_COLUMNS,
     )
 
     text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
     missing = [c for c in {*REQUEST_COLUMNS, *FALLBACK_COLUMNS, *SHADOW_COLUMNS,
-                            *CANARY_COLUMNS}
+                            *CANARY_COLUMNS, *MIRROR_COLUMNS}
                if f"`{c}`" not in text]
     assert missing == []
 
