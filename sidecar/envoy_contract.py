@@ -146,3 +146,5 @@ SHADOW_LISTENER = "model_groups_shadow"
 SHADOW_CLUSTER_HEADER = "x-sidecar-shadow-cluster"
 SHADOW_TOKEN_HEADER = "x-sidecar-shadow-token"
 SHADOW_LOG_NAME = "sidecar_shadow_traffic"
+# On the shadow listener's own 403 (no token, or no such candidate): not the candidate's.
+SHADOW_REFUSED_HEADER = "x-sidecar-shadow-refused"

@@ -15,6 +15,7 @@ plus one for the sidecar (clusters.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import timedelta
 
 import betterproto2
@@ -113,7 +114,11 @@ def render_envoy_yaml(config: SidecarConfig, addresses: EnvoyAddresses,
 
 def rendered_document(config: SidecarConfig, addresses: EnvoyAddresses,
                       channel_token: str | None = None) -> dict:
-    """The whole static bootstrap as plain data, the channel token in place."""
+    """The whole static bootstrap as plain data, the channel token in place. Without a
+    token (a placeholder a deployment replaces) there is no shadow listener: its route
+    would answer anyone who knows the placeholder, and Envoy, not the sidecar, checks it."""
+    if channel_token is None and addresses.shadow is not None:
+        addresses = dataclasses.replace(addresses, shadow=None)
     return add_channel_token(bootstrap_document(config, addresses),
                              channel_token or CHANNEL_TOKEN_PLACEHOLDER)
 

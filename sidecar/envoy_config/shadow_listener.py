@@ -9,14 +9,19 @@ Its usage readers and access log are the live listener's, under their own log na
 what the candidate did reaches its observations through the same code as live traffic.
 
 Only the sidecar may use it: a request must carry the channel token (added to the rendered
-document with the others, envoy_config/channel.py) and name a target cluster; anything
-else is answered 403 by Envoy. It listens on loopback only.
+document with the others, envoy_config/channel.py; without a real token the listener is
+not rendered at all) and name a candidate's target cluster exactly; anything else is
+answered 403 by Envoy itself, marked so the sidecar does not blame the candidate. It
+listens where `--shadow-listen` says (loopback by default; the token is its protection
+where Envoy and the sidecar are apart). The target cluster's own filters still run (its
+key, its reply checks), but not its retry hook: every mirrored request is a first try.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from envoy_data_plane.envoy.config.core.v3 import HeaderValue, HeaderValueOption
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
 from envoy_data_plane.envoy.config.route.v3 import (
     DirectResponseAction,
@@ -44,6 +49,7 @@ from sidecar.envoy_contract import (
     SHADOW_CLUSTER_HEADER,
     SHADOW_LISTENER,
     SHADOW_LOG_NAME,
+    SHADOW_REFUSED_HEADER,
     SHADOW_TOKEN_HEADER,
     target_cluster_name,
 )
@@ -84,15 +90,20 @@ def shadow_listener(config: SidecarConfig, address) -> Listener:
         request_body_buffer_limit=limits.max_request_body_bytes)
         for cluster in candidate_clusters(config)]
     refused = Route(match=RouteMatch(prefix="/"),
-                    direct_response=DirectResponseAction(status=403))
+                    direct_response=DirectResponseAction(status=403),
+                    response_headers_to_add=[HeaderValueOption(header=HeaderValue(
+                        key=SHADOW_REFUSED_HEADER, value="1"))])
     router = Router(suppress_envoy_headers=True)
     manager = HttpConnectionManager(
         stat_prefix="model_groups_shadow",
         codec_type=HttpConnectionManagerCodecType.AUTO,
         route_config=RouteConfiguration(
             name=SHADOW_LISTENER,
-            virtual_hosts=[VirtualHost(name=SHADOW_LISTENER, domains=["*"],
-                                       routes=[*routes, refused])],
+            virtual_hosts=[VirtualHost(
+                name=SHADOW_LISTENER, domains=["*"], routes=[*routes, refused],
+                # Every mirrored request is a first try: the target cluster's retry hook
+                # (fallback.py), which calls the sidecar, runs only on retries.
+                include_request_attempt_count=True)],
             request_headers_to_remove=[SHADOW_TOKEN_HEADER, SHADOW_CLUSTER_HEADER]),
         http_filters=[
             *(usage_filters(limits.max_request_body_bytes) if observe.enabled else []),

@@ -213,9 +213,8 @@ class _GroupState:
         self.shadow_supported += sum(p for t, p in odds.items()
                                      if logged.get(t, 0.0) <= 0 and t in answers)
         served = row.serving or row.selected
-        if served is not None:
-            answers.setdefault(served, (row.cost_usd, row.latency_ms,
-                                        1.0 if row.failed else 0.0))
+        if served is not None:  # what the caller got is the logged figure, mirrored or not
+            answers[served] = (row.cost_usd, row.latency_ms, 1.0 if row.failed else 0.0)
         picked = [(t, p) for t, p in odds.items() if p > 0]
         if served is None or not all(t in answers for t, _ in picked):
             return

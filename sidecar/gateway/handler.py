@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.keys import cache_directives
@@ -54,13 +55,15 @@ from sidecar.gateway.sessions import (
 from sidecar.grpcwire.ratelimit import LogLimiter
 from sidecar.quotas.admission import Quotas
 from sidecar.rollout.canary_guard import CanaryGuard
-from sidecar.rollout.shadow_traffic import ShadowTraffic
 from sidecar.routing.canary import CANARY
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.observations import EMPTY_SNAPSHOT, ObservationView
 from sidecar.routing.request import RequestSummary
 from sidecar.routing.strategies import ExternalAnswer
 from sidecar.telemetry.rows import DecisionFacts, DecisionSink, estimate_of
+
+if TYPE_CHECKING:  # a module that imports the gateway's runtime itself
+    from sidecar.rollout.shadow_traffic import ShadowTraffic
 
 log = logging.getLogger("sidecar.gateway")
 _limited = LogLimiter(log, burst=10, interval=60.0)
@@ -280,7 +283,7 @@ class Gateway:
         if mirror is not None and model in mirror.groups:  # after the decision, off its path
             mirror.offer(model, pending.request_id, pending.dialect, summary, decision,
                          lambda ref, ask: b"".join(parsed.model_replaced(ref, ask)),
-                         runtime.routes)
+                         runtime.routes, parsed.payload)
         hedges = self.hedges if runtime is self._runtime else None
         return forward_decision(runtime, model, group, pending, parsed, summary, decision,
                                 cache.slot if cache is not None else None, hedges,

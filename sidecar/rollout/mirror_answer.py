@@ -12,6 +12,7 @@ events read here). Anything unreadable is a figure left None, never an exception
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,21 @@ _FINISH = {"stop": "stop", "end_turn": "stop", "stop_sequence": "stop",
            "tool_calls": "tool", "function_call": "tool", "tool_use": "tool",
            "content_filter": "filter", "refusal": "filter"}
 MAX_TOOLS = 16   # tool calls read per answer; the rest are ignored
+UNDECLARED = "(undeclared)"   # a call to a tool the request did not declare
+
+
+def declared_tools(payload: Mapping[str, object]) -> frozenset[str]:
+    """The names of the tools a request declares (OpenAI Chat `tools[].function.name`,
+    Anthropic `tools[].name`): the only tool names a mirror row may hold."""
+    tools = payload.get("tools")
+    names = set()
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            name = function.get("name") if isinstance(function, dict) else tool.get("name")
+            if isinstance(name, str) and len(name) <= 64:
+                names.add(name)
+    return frozenset(names)
 
 
 @dataclass(slots=True)
@@ -33,6 +49,7 @@ class MirrorAnswer:
     tool_names: list[str] = field(default_factory=list)
     tool_arguments_valid: bool | None = None   # every call's arguments parse (None: no call)
     json_valid: bool | None = None             # the text parses as JSON (when asked)
+    _declared: frozenset[str] = field(default=frozenset(), repr=False)
     _text: list[str] = field(default_factory=list, repr=False)
     _arguments: dict[int, list[str]] = field(default_factory=dict, repr=False)
 
@@ -40,13 +57,16 @@ class MirrorAnswer:
         if isinstance(reason, str) and reason:
             self.finish = _FINISH.get(reason, "other")
 
-    def tool(self, index: int, name: object) -> None:
-        if isinstance(name, str) and name and len(self.tool_names) < MAX_TOOLS:
-            self.tool_names.append(name[:64])
+    def tool(self, index: object, name: object) -> None:
+        """A call's name is kept only when the request declared that tool (else
+        UNDECLARED): what the candidate writes there is its own text."""
+        if (isinstance(name, str) and name and isinstance(index, int)
+                and len(self.tool_names) < MAX_TOOLS):
+            self.tool_names.append(name if name in self._declared else UNDECLARED)
             self._arguments.setdefault(index, [])
 
-    def arguments(self, index: int, text: object) -> None:
-        if isinstance(text, str) and index in self._arguments:
+    def arguments(self, index: object, text: object) -> None:
+        if isinstance(text, str) and isinstance(index, int) and index in self._arguments:
             self._arguments[index].append(text)
 
     def close(self, wants_json: bool) -> MirrorAnswer:
@@ -72,10 +92,11 @@ def _int(value: object) -> int | None:
         else None
 
 
-def read_answer(body: bytes, stream: bool, dialect: Dialect,
-                wants_json: bool) -> MirrorAnswer:
-    """`body`: the whole answer (bounded by the reader); `stream`: an SSE answer."""
-    answer = MirrorAnswer()
+def read_answer(body: bytes, stream: bool, dialect: Dialect, wants_json: bool,
+                declared: frozenset[str] = frozenset()) -> MirrorAnswer:
+    """`body`: the whole answer (bounded by the reader); `stream`: an SSE answer;
+    `declared`: the request's tool names (declared_tools)."""
+    answer = MirrorAnswer(_declared=declared)
     documents = _events(body) if stream else [_document(body)]
     read = _read_messages if dialect.is_anthropic else _read_chat
     for document in documents:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_HEAD_BYTES = 64 << 10
+SHADOW_REFUSED_HEADER = "x-sidecar-shadow-refused"  # envoy_contract's, as received
 
 
 class ReplyError(Exception):
@@ -32,6 +33,7 @@ class Reply:
     body: bytes
     first_byte_at: float | None    # the clock when the body's first bytes arrived
     truncated: bool                # longer than max_bytes: the rest was not read
+    refused_by_listener: bool = False  # Envoy's own 403 (SHADOW_REFUSED_HEADER)
 
 
 class LoopbackClient:
@@ -51,8 +53,12 @@ class LoopbackClient:
             head += [f"{name}: {value}" for name, value in headers.items()]
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
             status, fields = await _head(reader)
-            reply, reusable = await _body(reader, fields, max_bytes, self._clock)
+            if status in (204, 304) or 100 <= status < 200:  # no body (RFC 9112 §6.3)
+                reply, reusable = Reply(status, b"", None, False), True
+            else:
+                reply, reusable = await _body(reader, fields, max_bytes, self._clock)
             reply.status = status
+            reply.refused_by_listener = SHADOW_REFUSED_HEADER in fields
         except BaseException:
             writer.close()
             raise
@@ -103,26 +109,35 @@ async def _body(reader: asyncio.StreamReader, fields: dict[str, str], max_bytes:
     body = bytearray()
     first: float | None = None
 
-    def took(data: bytes) -> bool:  # False once max_bytes is reached
+    def took(data: bytes) -> bool:  # False once the body would pass max_bytes
         nonlocal first
         if first is None and data:
             first = clock()
-        body.extend(data[:max_bytes - len(body)])
-        return len(body) < max_bytes
+        if len(body) + len(data) > max_bytes:
+            body.extend(data[:max_bytes - len(body)])
+            return False
+        body.extend(data)
+        return True
 
     if "chunked" in fields.get("transfer-encoding", "").lower():
         while True:
             size_line = await reader.readline()
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise ReplyError("bad chunk size") from None
+            digits = size_line.split(b";", 1)[0].strip()
+            if not digits or len(digits) > 16 or not all(c in b"0123456789abcdefABCDEF"
+                                                         for c in digits):
+                raise ReplyError("bad chunk size")
+            size = int(digits, 16)
             if size == 0:
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
                 return Reply(0, bytes(body), first, False), True
-            if not took(await reader.readexactly(size)):
-                return Reply(0, bytes(body), first, True), False
+            while size:  # a chunk in pieces: a huge one is not held whole past max_bytes
+                data = await reader.read(min(size, 65536))
+                if not data:
+                    raise ReplyError("chunk cut")
+                size -= len(data)
+                if not took(data):
+                    return Reply(0, bytes(body), first, True), False
             await reader.readexactly(2)
     length = fields.get("content-length")
     if length is not None and length.isdigit():

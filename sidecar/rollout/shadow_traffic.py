@@ -37,8 +37,7 @@ from sidecar.envoy_contract import (
 )
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.observe.records import request_failed
-from sidecar.rollout.mirror_answer import MirrorAnswer, read_answer
+from sidecar.rollout.mirror_answer import MirrorAnswer, declared_tools, read_answer
 from sidecar.rollout.mirror_bounds import MirrorBounds
 from sidecar.rollout.mirror_http import LoopbackClient, ReplyError
 from sidecar.routing.decision import Decision
@@ -56,6 +55,10 @@ MIRRORED_DIALECTS = frozenset({Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES})
 # Outcomes of a sampled decision (`/metrics` labels, fixed), beside mirror_bounds' bounds.
 SENT, SAME_TARGET, NEEDS_BRIDGE, DIALECT = "sent", "same_target", "needs_bridge", "dialect"
 NO_LISTENER = "no_listener"   # the sidecar was not told where Envoy's shadow listener is
+FAILED_TO_SEND = "failed_to_send"   # a bug: logged (rate-limited), never the caller's
+# The class of an answer Envoy's shadow listener gave itself (no token, no such route).
+LISTENER_REFUSED = "listener_refused"
+READ_INLINE_BYTES = 64 << 10   # answers longer than this are read on a worker thread
 
 
 @dataclass(slots=True)
@@ -97,6 +100,7 @@ class ShadowTraffic:
         self._client: LoopbackClient | None = None
         self._tasks: set[asyncio.Task] = set()
         self._pairs: OrderedDict[str, _Pair] = OrderedDict()
+        self._stopped = False
         # `/metrics`: sampled decisions by outcome, answers by result, paired requests and
         # their agreement sums, by group.
         self.outcomes: dict[tuple[str, str], int] = {}
@@ -110,8 +114,9 @@ class ShadowTraffic:
         return self._address is not None
 
     def reconfigure(self, config: SidecarConfig) -> None:
-        """A reload: groups whose mirror settings did not change keep their bounds (today's
-        spend, the bucket)."""
+        """A reload: a group that mirrors to the same candidate keeps its bounds' state —
+        today's spend, the bucket, the requests in flight — under its new settings, so a
+        reload never resets a cap."""
         groups = {}
         for name, group in config.models.items():
             mirror = group.rollout.shadow_traffic if group.rollout is not None else None
@@ -120,9 +125,11 @@ class ShadowTraffic:
             earlier = self._groups.get(name)
             index = next(i for i, t in enumerate(group.targets)
                          if f"{t.provider}/{t.model_ref}" == mirror.target)
-            bounds = (earlier.bounds if earlier is not None
-                      and earlier.bounds.settings == mirror and earlier.index == index
-                      else MirrorBounds(mirror, self._clock, self._wall_clock))
+            if earlier is not None and earlier.label == mirror.target:
+                bounds = earlier.bounds
+                bounds.settings = mirror
+            else:
+                bounds = MirrorBounds(mirror, self._clock, self._wall_clock)
             groups[name] = _Group(bounds, index, mirror.target, target_cluster_name(
                 name, index, group.targets[index].provider))
         self._groups, self._config = groups, config
@@ -145,13 +152,26 @@ class ShadowTraffic:
 
     def offer(self, group: str, request_id: str, dialect: Dialect, summary: RequestSummary,
               decision: Decision, body: Callable[[str, bool], bytes],
-              routes: Mapping[tuple[str, int, Dialect], TargetRoute]) -> None:
+              routes: Mapping[tuple[str, int, Dialect], TargetRoute],
+              payload: Mapping[str, object] | None = None) -> None:
+        """Never raises: a bug here is logged and counted, never the caller's error."""
+        try:
+            self._offer(group, request_id, dialect, summary, decision, body, routes,
+                        payload or {})
+        except Exception:
+            self._count(group, FAILED_TO_SEND)
+            _limited.exception("shadow_offer", "a mirrored request could not be started")
+
+    def _offer(self, group: str, request_id: str, dialect: Dialect, summary: RequestSummary,
+               decision: Decision, body: Callable[[str, bool], bytes],
+               routes: Mapping[tuple[str, int, Dialect], TargetRoute],
+               payload: Mapping[str, object]) -> None:
         """A live decision of a mirrored group. Cheap unless sampled and admitted: then the
         body is copied once (`body(model_ref, ask_usage)`) and the send is a task.
         `routes`: the runtime's, for the candidate's route in the caller's API (a bridge
         cluster, or none, when it does not speak that API natively)."""
         entry = self._groups.get(group)
-        if entry is None or not entry.bounds.sampled():
+        if entry is None or self._stopped or not entry.bounds.sampled():
             return
         if self._address is None:
             return self._count(group, NO_LISTENER)
@@ -169,10 +189,15 @@ class ShadowTraffic:
         refused = entry.bounds.admit(estimate)
         if refused is not None:
             return self._count(group, refused)
+        try:
+            cluster, path, model_ref = route
+            ask_usage = summary.stream and dialect is Dialect.OPENAI_CHAT
+            sent = body(model_ref, ask_usage)
+            tools = declared_tools(payload)
+        except Exception:
+            entry.bounds.done(entry.bounds.day, estimate, 0.0)
+            raise
         self._count(group, SENT)
-        cluster, path, model_ref = route
-        ask_usage = summary.stream and dialect is Dialect.OPENAI_CHAT
-        payload = body(model_ref, ask_usage)
         self._forget_old()
         if request_id:
             if len(self._pairs) >= MAX_PAIRS:
@@ -181,8 +206,8 @@ class ShadowTraffic:
             self._pairs[request_id] = _Pair(group, entry.label, self._wall_clock(),
                                             self._clock(), summary.stream)
         task = asyncio.get_running_loop().create_task(self._send(
-            group, entry, request_id, dialect, summary, cluster, path, payload, estimate,
-            entry.bounds.day))
+            group, entry, request_id, dialect, summary, cluster, path, sent, estimate,
+            entry.bounds.day, tools))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -194,14 +219,13 @@ class ShadowTraffic:
 
     async def _send(self, group: str, entry: _Group, request_id: str, dialect: Dialect,
                     summary: RequestSummary, cluster: str, path: str, payload: bytes,
-                    estimate: float, day: int) -> None:
+                    estimate: float, day: int, tools: frozenset[str]) -> None:
         cost = None
         try:
-            row = await self._exchange(group, entry, dialect, summary, cluster, path, payload)
+            row = await self._exchange(group, entry, dialect, summary, cluster, path, payload,
+                                       tools)
             cost = row.shadow_cost_usd
-            key = (group, "answered" if not request_failed(row.shadow_status,
-                                                           row.shadow_error_class)
-                   else "failed")
+            key = (group, "answered" if row.shadow_error_class == "ok" else "failed")
             self.answers[key] = self.answers.get(key, 0) + 1
             pair = self._pairs.get(request_id)
             if pair is not None:
@@ -214,7 +238,7 @@ class ShadowTraffic:
 
     async def _exchange(self, group: str, entry: _Group, dialect: Dialect,
                         summary: RequestSummary, cluster: str, path: str,
-                        payload: bytes) -> MirrorRow:
+                        payload: bytes, tools: frozenset[str]) -> MirrorRow:
         headers = {"content-type": "application/json", SHADOW_TOKEN_HEADER: self._token,
                    SHADOW_CLUSTER_HEADER: cluster,
                    "x-request-id": f"shadow-{secrets.token_hex(12)}"}
@@ -228,16 +252,23 @@ class ShadowTraffic:
             async with asyncio.timeout(timeout):
                 reply = await client.post(path, headers, payload, MAX_ANSWER_BYTES)
             first, status, body = reply.first_byte_at, reply.status, reply.body
+            if reply.refused_by_listener:
+                error_class = LISTENER_REFUSED
         except TimeoutError:
             error_class = "upstream_timeout"
-        except (OSError, ReplyError, asyncio.IncompleteReadError):
+        except (OSError, ValueError, ReplyError, asyncio.IncompleteReadError):
             error_class = "connect_failure"
         ended = self._clock()
         if error_class is None:
             error_class = _status_class(status)
-        answer = (read_answer(body, summary.stream, dialect,
-                              summary.structured_output is not None)
-                  if 200 <= status < 300 else MirrorAnswer())
+        wants_json = summary.structured_output is not None
+        if not 200 <= status < 300:
+            answer = MirrorAnswer()
+        elif len(body) <= READ_INLINE_BYTES:
+            answer = read_answer(body, summary.stream, dialect, wants_json, tools)
+        else:  # a long answer is read off the event loop ext_proc shares
+            answer = await asyncio.to_thread(read_answer, body, summary.stream, dialect,
+                                             wants_json, tools)
         price = self._config.target_prices.get(entry.label)
         cost = (cost_usd(price, Usage(answer.input_tokens, answer.output_tokens))
                 if price is not None else None)
@@ -261,6 +292,8 @@ class ShadowTraffic:
         return self._client
 
     async def stop(self) -> None:
+        """Nothing is mirrored from now on (a draining sidecar still decides)."""
+        self._stopped = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -294,8 +327,8 @@ class ShadowTraffic:
         row.live_input_tokens, row.live_output_tokens = live.input_tokens, live.output_tokens
         row.live_cost_usd = result_cost(
             self._config.target_prices.get(live.serving_target or ""), live)
-        row.both_answered = not request_failed(live.status, live.error_class) and \
-            not request_failed(row.shadow_status, row.shadow_error_class)
+        row.both_answered = (200 <= live.status < 300 and live.error_class != "client_cancel"
+                             and row.shadow_error_class == "ok")
         if row.both_answered and live.output_tokens and row.shadow_output_tokens is not None:
             row.output_ratio = row.shadow_output_tokens / live.output_tokens
         sums = self.pairs.setdefault(pair.group, [0, 0, 0.0, 0])

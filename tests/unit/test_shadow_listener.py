@@ -12,6 +12,7 @@ from sidecar.envoy_contract import (
     SHADOW_CLUSTER_HEADER,
     SHADOW_LISTENER,
     SHADOW_LOG_NAME,
+    SHADOW_REFUSED_HEADER,
     SHADOW_TOKEN_HEADER,
     target_cluster_name,
 )
@@ -37,6 +38,13 @@ def listeners(config_text: str, addresses: EnvoyAddresses = ADDRESSES) -> dict[s
             document["static_resources"]["listeners"]}
 
 
+def test_never_rendered_without_a_real_channel_token() -> None:
+    """The committed placeholder would be a public password Envoy checks."""
+    document = rendered_document(load_config_text(CONFIG % MIRROR), ADDRESSES, None)
+    assert SHADOW_LISTENER not in {listener["name"] for listener in
+                                   document["static_resources"]["listeners"]}
+
+
 def test_rendered_only_for_a_mirroring_group_with_an_address() -> None:
     assert SHADOW_LISTENER in listeners(CONFIG % MIRROR)
     assert SHADOW_LISTENER not in listeners(CONFIG % "")
@@ -59,6 +67,10 @@ def test_it_routes_only_the_token_and_target_clusters_and_does_nothing_else() ->
     assert mirrored["route"]["cluster"] == candidate
     assert "retry_policy" not in mirrored["route"]
     assert refused["direct_response"]["status"] == 403
+    assert refused["response_headers_to_add"][0]["header"]["key"] == SHADOW_REFUSED_HEADER
+    # A first try, always: the target cluster's retry hook (which calls the sidecar) only
+    # runs when Envoy's attempt count says a retry.
+    assert config["virtual_hosts"][0]["include_request_attempt_count"] is True
     assert set(config["request_headers_to_remove"]) == {SHADOW_TOKEN_HEADER,
                                                          SHADOW_CLUSTER_HEADER}
     filters = [f["name"] for f in manager["http_filters"]]

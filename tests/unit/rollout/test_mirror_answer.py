@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sidecar.dialects.apis import Dialect
-from sidecar.rollout.mirror_answer import read_answer
+from sidecar.rollout.mirror_answer import UNDECLARED, declared_tools, read_answer
 
 CHAT = {"id": "c1", "object": "chat.completion", "choices": [{
     "index": 0, "finish_reason": "tool_calls", "message": {
@@ -69,11 +69,14 @@ def messages_stream() -> bytes:
     (messages_stream(), True, Dialect.ANTHROPIC_MESSAGES),
 ])
 def test_the_same_figures_from_either_dialect_json_or_stream(body, stream, dialect) -> None:
-    answer = read_answer(body, stream, dialect, wants_json=False)
+    answer = read_answer(body, stream, dialect, wants_json=False,
+                         declared=frozenset({"lookup"}))
     assert (answer.input_tokens, answer.output_tokens) == (12, 7)
     assert answer.finish == "tool"
     assert answer.tool_names == ["lookup"] and answer.tool_arguments_valid is True
     assert answer.json_valid is None
+    # A name the request did not declare is the candidate's own text: not kept.
+    assert read_answer(body, stream, dialect, False).tool_names == [UNDECLARED]
 
 
 def test_structured_output_and_broken_tool_arguments() -> None:
@@ -96,3 +99,10 @@ def test_garbage_gives_no_figures_and_no_exception(body) -> None:
             answer = read_answer(body, stream, dialect, wants_json=True)
             assert answer.input_tokens is None and answer.finish is None
             assert answer.json_valid is False
+
+
+def test_declared_tools_of_either_dialect() -> None:
+    assert declared_tools({"tools": [{"type": "function", "function": {"name": "a"}},
+                                     {"name": "b", "input_schema": {}}, "junk",
+                                     {"function": {"name": "x" * 65}}]}) == {"a", "b"}
+    assert declared_tools({"tools": "nope"}) == frozenset()
