@@ -22,6 +22,7 @@ import re
 import sqlite3
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,8 +157,13 @@ async def _drift(member: Member, fakes: dict[str, FakeProvider], start: float,
 
 
 async def _drive(member: Member, up: UpProcess, fakes: dict[str, FakeProvider], window: int,
-                 rate: float) -> tuple[float, list[_Sent]]:
-    _, total = phases(window)
+                 rate: float, total: float | None = None,
+                 also: Callable[[], Awaitable[None]] | None = None
+                 ) -> tuple[float, list[_Sent]]:
+    """The member's arrivals for `total` seconds (default: its phases), and `also` beside
+    them (target_introduction_stack.py reloads the configuration with it)."""
+    if total is None:
+        _, total = phases(window)
     jobs = arrivals(member.seed, member.mix, total, rate)
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=20)
     async with contextlib.AsyncExitStack() as stack:
@@ -169,6 +175,7 @@ async def _drive(member: Member, up: UpProcess, fakes: dict[str, FakeProvider], 
         out: list[_Sent] = []
         start = time.monotonic()
         await asyncio.gather(_drift(member, fakes, start, window, total),
+                             *([also()] if also is not None else []),
                              *(_conversation(clients[job.ident % CLIENTS], job, start, out)
                                for job in jobs))
         return start, out

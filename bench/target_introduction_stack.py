@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sqlite3
 import tempfile
 import time
@@ -32,11 +31,9 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
-import openai
 import yaml
-from family_stack import CLIENTS, TOKEN, _conversation, _drift, behaviour, config_text
-from family_workloads import arrivals, member
+from family_stack import _drive, behaviour, config_text
+from family_workloads import member
 from mode_runner import publish
 from target_introduction import (
     NEW_SLOT,
@@ -69,29 +66,6 @@ def _texts(base, window: int, providers, telemetry: Path, sample: float) -> dict
     return {"cold": dump(cold), "shadow": dump(mirrored), "after": dump(after)}
 
 
-async def _drive(base, up: UpProcess, fakes, window: int, rate: float, config: Path,  # type: ignore[no-untyped-def]
-                 after_text: str) -> None:
-    total = (WINDOWS_BEFORE + WINDOWS_AFTER) * window
-    jobs = arrivals(base.seed, base.mix, total, rate)
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=20)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [openai.AsyncOpenAI(
-            base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0,
-            http_client=await stack.enter_async_context(
-                httpx.AsyncClient(limits=limits, timeout=300)))
-            for _ in range(CLIENTS)]
-        out: list = []
-        start = time.monotonic()
-
-        async def reload() -> None:
-            await asyncio.sleep(WINDOWS_BEFORE * window)
-            config.write_text(after_text)  # watched: the sidecar reloads it
-
-        await asyncio.gather(reload(), _drift(base, fakes, start, window, total),
-                             *(_conversation(clients[job.ident % CLIENTS], job, start, out)
-                               for job in jobs))
-
-
 def run_variant(seed: int, variant: str, window: int, rate: float, sample: float,
                 workdir: Path) -> dict[str, float | int | None]:
     base = replace(member(seed), sick="none")
@@ -105,7 +79,12 @@ def run_variant(seed: int, variant: str, window: int, rate: float, sample: float
         config.write_text(texts[variant])
         up = UpProcess(["--config", str(config)], log_path=workdir / f"{variant}.log")
         with up.running():
-            asyncio.run(_drive(base, up, fakes, window, rate, config, texts["after"]))
+            async def reload() -> None:
+                await asyncio.sleep(WINDOWS_BEFORE * window)
+                config.write_text(texts["after"])  # watched: the sidecar reloads it
+
+            asyncio.run(_drive(base, up, fakes, window, rate,
+                               (WINDOWS_BEFORE + WINDOWS_AFTER) * window, reload))
             time.sleep(3)  # the last rows on their way to SQLite
     after = load_config_text(texts["after"]).models["family"]
     version = policy_version(after.live_group())
