@@ -164,6 +164,12 @@ def _check_config(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK ({len(config.models)} model groups, {callers} callers{readable})")
     if not callers:
         print("  note: no callers: are configured, so every request will get 401")
+    for name, group in config.models.items():
+        if group.rollout is not None and group.rollout.shadow_traffic is not None:
+            print(f"  note: models.{name}.rollout.shadow_traffic is sent through Envoy's "
+                  "shadow listener: `sidecar up` has one (--shadow-listen), `sidecar serve` "
+                  "needs --envoy-shadow and a bootstrap rendered with --grpc-token-file; "
+                  "the Istio topology has none (docs/rollout.md §4)")
     return 0
 
 
@@ -183,7 +189,7 @@ def _render_envoy(args: argparse.Namespace) -> int:
         return 2
     if token is None:
         print("note: no --grpc-token-file: the bootstrap carries a placeholder channel token "
-              "that the sidecar will refuse", file=sys.stderr)
+              "that the sidecar will refuse (and no shadow listener)", file=sys.stderr)
     if args.xds_dir is not None:
         from sidecar.envoy_config.follow import start_xds
 

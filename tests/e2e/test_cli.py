@@ -32,6 +32,27 @@ def test_check_config_accepts_the_spec_sample() -> None:
     assert "OK (1 model groups, 0 callers)" in result.stdout
 
 
+def test_check_config_says_where_shadow_traffic_needs_a_listener(tmp_path: Path) -> None:
+    config = tmp_path / "mirror.yaml"
+    config.write_text(
+        "providers:\n  p: {base_url: 'http://127.0.0.1:9/v1'}\n"
+        "  q: {base_url: 'http://127.0.0.1:9/v1'}\n"
+        "models:\n  g:\n    targets:\n      - {provider: p, model_ref: a}\n"
+        "      - {provider: q, model_ref: b, pricing: {input_per_mtok: 1, "
+        "output_per_mtok: 1}}\n"
+        "    rollout: {shadow_traffic: {target: q/b, shadow_only: true}}\n")
+    result = sidecar("check-config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "models.g.rollout.shadow_traffic is sent through Envoy's shadow listener" in \
+        result.stdout
+    unpriced = tmp_path / "unpriced.yaml"
+    unpriced.write_text(config.read_text().replace(
+        ", pricing: {input_per_mtok: 1, output_per_mtok: 1}", ""))
+    result = sidecar("check-config", str(unpriced))
+    assert result.returncode == 2
+    assert "rollout.shadow_traffic needs the candidate's pricing" in result.stderr
+
+
 def test_check_config_lists_every_problem_with_its_path(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text((FIXTURES / "spec_sample.yaml").read_text()
