@@ -283,7 +283,8 @@ class Gateway:
         if mirror is not None and model in mirror.groups:  # after the decision, off its path
             mirror.offer(model, pending.request_id, pending.dialect, summary, decision,
                          lambda ref, ask: b"".join(parsed.model_replaced(ref, ask)),
-                         runtime.routes, parsed.payload)
+                         runtime.routes, parsed.payload,
+                         runtime.bridge_translators.get((model, pending.dialect), ()))
         hedges = self.hedges if runtime is self._runtime else None
         return forward_decision(runtime, model, group, pending, parsed, summary, decision,
                                 cache.slot if cache is not None else None, hedges,

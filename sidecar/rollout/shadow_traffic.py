@@ -19,14 +19,16 @@ and never longer than the longest a request can take.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar.billing import Usage, cost_usd
+from sidecar.bridge.registry import Translator
 from sidecar.config.models import SidecarConfig
 from sidecar.dialects.apis import DEFAULT_ANTHROPIC_VERSION, Dialect
 from sidecar.envoy_config.addresses import split_host_port
@@ -56,6 +58,7 @@ MIRRORED_DIALECTS = frozenset({Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES})
 SENT, SAME_TARGET, NEEDS_BRIDGE, DIALECT = "sent", "same_target", "needs_bridge", "dialect"
 NO_LISTENER = "no_listener"   # the sidecar was not told where Envoy's shadow listener is
 FAILED_TO_SEND = "failed_to_send"   # a bug: logged (rate-limited), never the caller's
+UNTRANSLATABLE = "untranslatable"   # the group's bridge cannot carry the request there
 # The class of an answer Envoy's shadow listener gave itself (no token, no such route).
 LISTENER_REFUSED = "listener_refused"
 READ_INLINE_BYTES = 64 << 10   # answers longer than this are read on a worker thread
@@ -153,11 +156,14 @@ class ShadowTraffic:
     def offer(self, group: str, request_id: str, dialect: Dialect, summary: RequestSummary,
               decision: Decision, body: Callable[[str, bool], bytes],
               routes: Mapping[tuple[str, int, Dialect], TargetRoute],
-              payload: Mapping[str, object] | None = None) -> None:
-        """Never raises: a bug here is logged and counted, never the caller's error."""
+              payload: Mapping[str, object] | None = None,
+              translators: Sequence[Translator] = ()) -> None:
+        """Never raises: a bug here is logged and counted, never the caller's error.
+        `translators`: the group's bridges from the caller's API (runtime.bridge_translators),
+        for a candidate that does not speak it."""
         try:
             self._offer(group, request_id, dialect, summary, decision, body, routes,
-                        payload or {})
+                        payload or {}, translators)
         except Exception:
             self._count(group, FAILED_TO_SEND)
             _limited.exception("shadow_offer", "a mirrored request could not be started")
@@ -165,7 +171,7 @@ class ShadowTraffic:
     def _offer(self, group: str, request_id: str, dialect: Dialect, summary: RequestSummary,
                decision: Decision, body: Callable[[str, bool], bytes],
                routes: Mapping[tuple[str, int, Dialect], TargetRoute],
-               payload: Mapping[str, object]) -> None:
+               payload: Mapping[str, object], translators: Sequence[Translator]) -> None:
         """A live decision of a mirrored group. Cheap unless sampled and admitted: then the
         body is copied once (`body(model_ref, ask_usage)`) and the send is a task.
         `routes`: the runtime's, for the candidate's route in the caller's API (a bridge
@@ -180,8 +186,23 @@ class ShadowTraffic:
         if dialect not in MIRRORED_DIALECTS:
             return self._count(group, DIALECT)
         found = routes.get((group, entry.index, dialect))
+        target, stream = dialect, summary.stream
         if found is None or found.cluster != entry.cluster:
-            return self._count(group, NEEDS_BRIDGE)
+            # A candidate of another API: the group's bridge translates the request for it,
+            # as for a bridged attempt (unary, as bridged calls are), and its answer is read
+            # in its own API; the mirror goes to its own target cluster, not the bridge's.
+            bridged = next(((t, r) for t in translators
+                            if (r := routes.get((group, entry.index, t.target))) is not None
+                            and r.cluster == entry.cluster), None)
+            if bridged is None:
+                return self._count(group, NEEDS_BRIDGE)
+            translator, found = bridged
+            try:
+                translated = translator.request(dict(payload))
+            except Exception:  # a field the candidate's API cannot express
+                return self._count(group, UNTRANSLATABLE)
+            target, stream = translator.target, False
+            body = lambda ref, _ask: json.dumps({**translated, "model": ref}).encode()  # noqa: E731
         route = (found.cluster, found.path, found.model_ref)
         price = self._config.target_prices.get(entry.label)
         estimate = (cost_usd(price, Usage(summary.estimated_input_tokens, summary.output_budget))
@@ -191,7 +212,7 @@ class ShadowTraffic:
             return self._count(group, refused)
         try:
             cluster, path, model_ref = route
-            ask_usage = summary.stream and dialect is Dialect.OPENAI_CHAT
+            ask_usage = stream and target is Dialect.OPENAI_CHAT
             sent = body(model_ref, ask_usage)
             tools = declared_tools(payload)
         except Exception:
@@ -206,7 +227,7 @@ class ShadowTraffic:
             self._pairs[request_id] = _Pair(group, entry.label, self._wall_clock(),
                                             self._clock(), summary.stream)
         task = asyncio.get_running_loop().create_task(self._send(
-            group, entry, request_id, dialect, summary, cluster, path, sent, estimate,
+            group, entry, request_id, target, stream, summary, cluster, path, sent, estimate,
             entry.bounds.day, tools))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -218,12 +239,13 @@ class ShadowTraffic:
     # ---- the mirror -----------------------------------------------------------------------
 
     async def _send(self, group: str, entry: _Group, request_id: str, dialect: Dialect,
-                    summary: RequestSummary, cluster: str, path: str, payload: bytes,
-                    estimate: float, day: int, tools: frozenset[str]) -> None:
+                    stream: bool, summary: RequestSummary, cluster: str, path: str,
+                    payload: bytes, estimate: float, day: int, tools: frozenset[str]) -> None:
+        """`dialect`, `stream`: the candidate's API and whether the mirror streams."""
         cost = None
         try:
-            row = await self._exchange(group, entry, dialect, summary, cluster, path, payload,
-                                       tools)
+            row = await self._exchange(group, entry, dialect, stream, summary, cluster, path,
+                                       payload, tools)
             cost = row.shadow_cost_usd
             key = (group, "answered" if row.shadow_error_class == "ok" else "failed")
             self.answers[key] = self.answers.get(key, 0) + 1
@@ -236,7 +258,7 @@ class ShadowTraffic:
         finally:
             entry.bounds.done(day, estimate, cost)
 
-    async def _exchange(self, group: str, entry: _Group, dialect: Dialect,
+    async def _exchange(self, group: str, entry: _Group, dialect: Dialect, stream: bool,
                         summary: RequestSummary, cluster: str, path: str,
                         payload: bytes, tools: frozenset[str]) -> MirrorRow:
         headers = {"content-type": "application/json", SHADOW_TOKEN_HEADER: self._token,
@@ -265,16 +287,16 @@ class ShadowTraffic:
         if not 200 <= status < 300:
             answer = MirrorAnswer()
         elif len(body) <= READ_INLINE_BYTES:
-            answer = read_answer(body, summary.stream, dialect, wants_json, tools)
+            answer = read_answer(body, stream, dialect, wants_json, tools)
         else:  # a long answer is read off the event loop ext_proc shares
-            answer = await asyncio.to_thread(read_answer, body, summary.stream, dialect,
+            answer = await asyncio.to_thread(read_answer, body, stream, dialect,
                                              wants_json, tools)
         price = self._config.target_prices.get(entry.label)
         cost = (cost_usd(price, Usage(answer.input_tokens, answer.output_tokens))
                 if price is not None else None)
         return MirrorRow(
             at=self._wall_clock(), group=group, live_request_id="", candidate=entry.label,
-            stream=summary.stream, shadow_status=status, shadow_error_class=error_class,
+            stream=stream, shadow_status=status, shadow_error_class=error_class,
             shadow_latency_ms=(ended - started) * 1000,
             shadow_ttft_ms=(first - started) * 1000 if first is not None else None,
             shadow_input_tokens=answer.input_tokens, shadow_output_tokens=answer.output_tokens,

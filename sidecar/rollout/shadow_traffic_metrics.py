@@ -14,7 +14,8 @@ def add_shadow_traffic_metrics(metrics: Metrics, mirror: ShadowTraffic) -> None:
     metrics.add_counter("shadow_traffic_requests", "sampled live decisions of groups with "
                         "shadow traffic, by outcome: sent, or what stopped the mirror "
                         "(max_concurrent, max_per_minute, max_daily_usd, same_target, "
-                        "needs_bridge, dialect, no_listener)", ("group", "outcome"),
+                        "needs_bridge, untranslatable, dialect, no_listener, "
+                        "failed_to_send)", ("group", "outcome"),
                         lambda: dict(mirror.outcomes))
     metrics.add_counter("shadow_traffic_answers", "mirrored requests by the candidate's "
                         "result (answered, failed)", ("group", "result"),

@@ -27,7 +27,8 @@ from sidecar.devstack.providers import Behaviour, FakeProvider
 pytestmark = pytest.mark.e2e
 
 TOKEN = "shadow-traffic-token"
-KEYS = {"live": "key-live", "cand": "key-cand", "slow": "key-slow", "gone": "key-gone"}
+KEYS = {"live": "key-live", "cand": "key-cand", "slow": "key-slow", "gone": "key-gone",
+        "anth": "key-anth"}
 PRICE = "{input_per_mtok: 1, output_per_mtok: 2}"
 CONFIG = """\
 providers:
@@ -67,6 +68,14 @@ models:
     rollout:
       shadow_traffic: {{target: slow/s, shadow_only: true, sample_percent: 100,
                         max_concurrent: 2, max_per_minute: 6000}}
+  bridged:
+    bridges: true
+    targets:
+      - {{provider: live, model_ref: l, pricing: {price}}}
+      - {{provider: anth, model_ref: a, pricing: {price}}}
+    rollout:
+      shadow_traffic: {{target: anth/a, shadow_only: true, sample_percent: 100,
+                        max_per_minute: 6000}}
   dead:
     targets:
       - {{provider: live, model_ref: l, pricing: {price}}}
@@ -83,15 +92,17 @@ def stack(tmp_path_factory):
     db = tmp / "telemetry.db"
     fakes = [FakeProvider("live", api_key=KEYS["live"]),
              FakeProvider("cand", api_key=KEYS["cand"]),
-             FakeProvider("slow", api_key=KEYS["slow"], behaviour=Behaviour(latency_s=1.5))]
+             FakeProvider("slow", api_key=KEYS["slow"], behaviour=Behaviour(latency_s=1.5)),
+             FakeProvider("anth", api_key=KEYS["anth"])]
     closed = free_port()   # nothing listens there: a candidate that is down
 
     def config_text(providers) -> str:
-        urls = {name: providers.base_url(name) for name in ("live", "cand", "slow")}
+        urls = {name: providers.base_url(name) for name in ("live", "cand", "slow", "anth")}
         urls["gone"] = f"http://127.0.0.1:{closed}/v1"
         lines = "\n".join(f"  {name}: {{base_url: '{url}', "
-                          f"credential: {{env: KEY_{name.upper()}}}}}"
-                          for name, url in urls.items())
+                          f"credential: {{env: KEY_{name.upper()}}}"
+                          + (", dialects: [anthropic_messages]" if name == "anth" else "")
+                          + "}" for name, url in urls.items())
         return CONFIG.format(providers=lines, db=db, price=PRICE,
                              digest=hashlib.sha256(TOKEN.encode()).hexdigest())
 
@@ -338,3 +349,31 @@ def test_two_replicas_each_mirror_their_own_requests_into_one_database(stack) ->
 
         named = wait_for(replicas, "the second replica's rows did not arrive")
         assert any(name.startswith("second") for name in named)
+
+
+def test_a_candidate_of_another_api_is_mirrored_through_the_groups_bridge(stack) -> None:
+    """An OpenAI Chat caller, an Anthropic-only candidate: the request is translated as a
+    bridged attempt is, sent to the candidate's own cluster in its own API, and its answer
+    read in that API."""
+    up, providers, db = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    for n in range(4):
+        assert ask(client, "bridged", n).model == "l"
+    anth = providers.provider("anth")
+    wait_for(lambda: len(anth.received) >= 4, "the bridged candidate got no mirror")
+    for request in anth.received:
+        assert request.path.endswith("/v1/messages")
+        body = request.json()
+        assert body["model"] == "a" and body["messages"][0]["role"] == "user"
+        assert "max_tokens" in body   # Anthropic's required field, filled in by the bridge
+
+    def rows():
+        found = sqlite3.connect(db).execute(
+            "SELECT shadow_error_class, shadow_output_tokens, both_answered FROM "
+            "shadow_requests WHERE group_name = 'bridged'").fetchall()
+        return found if len(found) >= 4 else None
+
+    for error_class, tokens, both in wait_for(rows, "no bridged shadow rows"):
+        assert error_class == "ok" and tokens and both == 1
+    text = metrics(up)
+    assert metric(text, "shadow_traffic_requests_total", group="bridged", outcome="sent") == 4

@@ -207,3 +207,37 @@ def test_pairs_waiting_are_bounded(monkeypatch) -> None:
         assert len(traffic._pairs) == 3 and traffic.dropped == 7
         await traffic.stop()
     asyncio.run(run())
+
+
+def test_a_candidate_of_another_api_gets_the_bridges_translation_or_is_counted() -> None:
+    from sidecar.bridge.registry import translator_for
+
+    async def run() -> None:
+        answer = json.dumps({"type": "message", "stop_reason": "end_turn", "content": [
+            {"type": "text", "text": "hi"}], "usage": {"input_tokens": 5,
+                                                       "output_tokens": 2}}).encode()
+        async with Server([json_reply(answer)]) as server:
+            _, traffic, _, decision = mirror_for(server.port)
+            # The candidate speaks Anthropic Messages only: no Chat route of its cluster.
+            routes = {("g", 1, Dialect.ANTHROPIC_MESSAGES): TargetRoute(
+                target_cluster_name("g", 1, "q"), "/q/v1/messages", "cand")}
+            bridge = translator_for(Dialect.OPENAI_CHAT, Dialect.ANTHROPIC_MESSAGES)
+            payload = {"model": "g", "messages": [{"role": "user", "content": "hello"}]}
+            traffic.offer("g", "r1", Dialect.OPENAI_CHAT, request(), decision,
+                          lambda ref, ask: b"never used", routes, payload, (bridge,))
+            traffic.offer("g", "r2", Dialect.OPENAI_CHAT, request(), decision,
+                          lambda ref, ask: b"never used", routes, payload, ())
+            traffic.offer("g", "r3", Dialect.OPENAI_CHAT, request(), decision,
+                          lambda ref, ask: b"", routes, {"messages": "not a list"}, (bridge,))
+            while traffic._tasks:
+                await asyncio.sleep(0.01)
+            head, sent = server.requests[0]
+            assert head.startswith(b"POST /q/v1/messages ")
+            assert b"anthropic-version:" in head
+            body = json.loads(sent)
+            assert body["model"] == "cand" and body["messages"][0]["role"] == "user"
+            assert traffic.outcomes == {("g", SENT): 1, ("g", "needs_bridge"): 1,
+                                        ("g", "untranslatable"): 1}
+            assert traffic.answers == {("g", "answered"): 1}
+            await traffic.stop()
+    asyncio.run(run())
