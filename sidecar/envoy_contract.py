@@ -148,3 +148,7 @@ SHADOW_TOKEN_HEADER = "x-sidecar-shadow-token"
 SHADOW_LOG_NAME = "sidecar_shadow_traffic"
 # On the shadow listener's own 403 (no token, or no such candidate): not the candidate's.
 SHADOW_REFUSED_HEADER = "x-sidecar-shadow-refused"
+# Set by the sidecar on a live request it mirrored: Envoy reads how the answer finished and
+# the tools it called (envoy_config/answer_facts.py) into this metadata namespace.
+ANSWER_FACTS_HEADER = "x-sidecar-answer-facts"
+ANSWER_NAMESPACE = "sidecar.answer"

@@ -16,7 +16,7 @@ test, as it would break the stream in Envoy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lupa import luajit21
 
@@ -53,6 +53,14 @@ return function(response_headers, writes, trailers)
   for key, value in pairs(response_headers) do headers.map[key] = value end
   local ended = false
   local handle = {}
+  local metadata = {}
+  local dynamic = {}
+  function dynamic.set(self, namespace, key, value)
+    metadata[namespace .. "/" .. key] = value
+  end
+  local info = {}
+  function info.dynamicMetadata(self) return dynamic end
+  function handle.streamInfo(self) return info end
   function handle.headers(self) return headers end
   function handle.bodyChunks(self)
     return function()
@@ -80,7 +88,7 @@ return function(response_headers, writes, trailers)
     ok, err = coroutine.resume(script)
     if not ok then error(err) end
   end
-  return out, headers.map
+  return out, headers.map, metadata
 end
 """
 
@@ -89,6 +97,9 @@ end
 class Response:
     writes: list[bytes]  # what the caller receives for each write, in order
     headers: dict[str, str]
+    # Dynamic metadata the script set (`streamInfo():dynamicMetadata():set`), as
+    # "namespace/key" → value.
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def body(self) -> bytes:
@@ -109,7 +120,8 @@ class LuaFilter:
         hands them over (the last one ends the stream unless `trailers`)."""
         given = {b"content-type": b"text/event-stream"} if headers is None else {
             key.encode(): value.encode() for key, value in headers.items()}
-        out, after = self._run(self._lua.table_from(given), self._lua.table_from(list(writes)),
-                               trailers)
+        out, after, metadata = self._run(self._lua.table_from(given),
+                                         self._lua.table_from(list(writes)), trailers)
         return Response([out[k + 1] for k in range(len(writes))],
-                        {key.decode(): value.decode() for key, value in after.items()})
+                        {key.decode(): value.decode() for key, value in after.items()},
+                        {key.decode(): value.decode() for key, value in metadata.items()})

@@ -60,6 +60,7 @@ from envoy_data_plane.google.protobuf import Any, Struct
 
 from sidecar.config.models import SidecarConfig
 from sidecar.envoy_config.addresses import EnvoyAddresses, split_host_port
+from sidecar.envoy_config.answer_facts import answer_facts_filter
 from sidecar.envoy_config.channel import CHANNEL_TOKEN_PLACEHOLDER, add_channel_token
 from sidecar.envoy_config.clusters import ext_proc_cluster, target_clusters
 from sidecar.envoy_config.fallback import (
@@ -91,6 +92,7 @@ from sidecar.envoy_config.upstream_errors import (
     kept_response_headers,
 )
 from sidecar.envoy_contract import (
+    ANSWER_FACTS_HEADER,
     ATTEMPT_LOG_NAME,
     EXT_PROC_CLUSTER,
     ROUTE_CLASS_HEADER,
@@ -256,14 +258,14 @@ def _listener(config: SidecarConfig, listen: str) -> Listener:
             # about who called. (The sidecar drops it too, with every header not on the
             # allowlist; this keeps it out even of requests the sidecar never saw.)
             request_headers_to_remove=[*CLIENT_ADDRESS_HEADERS, ROUTE_CLASS_HEADER,
-                                       USAGE_UNASKED_HEADER],
+                                       USAGE_UNASKED_HEADER, ANSWER_FACTS_HEADER],
         ),
         http_filters=[
             # GET /ready for load balancers, answered by Envoy (envoy_config/readiness.py).
             readiness_filter(),
             HttpFilter(name="envoy.filters.http.ext_proc", typed_config=Any.pack(ext_proc)),
             # After the usage readers on the response path: they read what it removes.
-            *([unasked_usage_filter()] if observe.enabled else []),
+            *([unasked_usage_filter(), answer_facts_filter()] if observe.enabled else []),
             # Responses pass it last: only allowlisted provider headers reach the caller.
             response_header_filter(config),
             final_upstream_errors(),

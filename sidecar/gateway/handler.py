@@ -25,6 +25,7 @@ from sidecar.dialects.errors import ClientError
 from sidecar.dialects.models_list import model_list, single_model
 from sidecar.dialects.shape import request_shape
 from sidecar.envoy_contract import (
+    ANSWER_FACTS_HEADER,
     CACHE_SLOT_HEADER,
     CALLER_API_HEADER,
     GENERATION_HEADER,
@@ -280,15 +281,18 @@ class Gateway:
         if session:
             return self._session_forward(pending, model, parsed, decision)
         mirror = self.mirror
-        if mirror is not None and model in mirror.groups:  # after the decision, off its path
-            mirror.offer(model, pending.request_id, pending.dialect, summary, decision,
-                         lambda ref, ask: b"".join(parsed.model_replaced(ref, ask)),
-                         runtime.routes, parsed.payload,
-                         runtime.bridge_translators.get((model, pending.dialect), ()))
+        mirrored = mirror is not None and model in mirror.groups and mirror.offer(
+            model, pending.request_id, pending.dialect, summary, decision,
+            lambda ref, ask: b"".join(parsed.model_replaced(ref, ask)), runtime.routes,
+            parsed.payload, runtime.bridge_translators.get((model, pending.dialect), ()))
         hedges = self.hedges if runtime is self._runtime else None
-        return forward_decision(runtime, model, group, pending, parsed, summary, decision,
-                                cache.slot if cache is not None else None, hedges,
-                                self._observations)
+        forward = forward_decision(runtime, model, group, pending, parsed, summary, decision,
+                                   cache.slot if cache is not None else None, hedges,
+                                   self._observations)
+        if mirrored:  # Envoy reads how the live answer finished, for the agreement figures
+            forward = replace(forward, set_headers=(*forward.set_headers,
+                                                    (ANSWER_FACTS_HEADER, "1")))
+        return forward
 
     def on_attempt_headers(self, cluster: str, headers: Mapping[str, str]) -> TargetRoute | Reply:
         """A retry to `cluster` (Envoy asks only for retries, never for first attempts)."""

@@ -11,6 +11,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from google.protobuf import struct_pb2
 
 from sidecar.envoy_contract import (
+    ANSWER_NAMESPACE,
     CONTEXT_RETRY_HEADER,
     HEDGE_CLUSTER_PREFIX,
     USAGE_KEY,
@@ -208,7 +209,21 @@ def result_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str]) -> Reque
         cache_write_tokens=usage.cache_write_tokens,
         relayed_stream_bytes=(entry.response.response_body_bytes
                               if content_type.startswith("text/event-stream") else None),
+        **_answer_facts(common),
     )
+
+
+def _answer_facts(common) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The live answer's finish and tools, when Envoy read them (a mirrored request)."""
+    found = common.metadata.filter_metadata.get(ANSWER_NAMESPACE)
+    if found is None:
+        return {}
+    facts = {}
+    for key, name in (("finish", "answer_finish"), ("tools", "answer_tools")):
+        value = found.fields.get(key)
+        if value is not None and value.HasField("string_value"):
+            facts[name] = value.string_value[:2048]
+    return facts
 
 
 def attempt_of(entry: al.HTTPAccessLogEntry, targets: Mapping[str, str],

@@ -27,6 +27,18 @@ MAX_TOOLS = 16   # tool calls read per answer; the rest are ignored
 UNDECLARED = "(undeclared)"   # a call to a tool the request did not declare
 
 
+def finish_class(reason: object) -> str | None:
+    """A finish reason of either dialect as its class (stop, length, tool, filter, other)."""
+    if not isinstance(reason, str) or not reason:
+        return None
+    return _FINISH.get(reason, "other")
+
+
+def kept_tools(names: list[str], declared: frozenset[str]) -> list[str]:
+    """`names` as a row may hold them: declared ones, UNDECLARED for the rest."""
+    return [name if name in declared else UNDECLARED for name in names[:MAX_TOOLS]]
+
+
 def declared_tools(payload: Mapping[str, object]) -> frozenset[str]:
     """The names of the tools a request declares (OpenAI Chat `tools[].function.name`,
     Anthropic `tools[].name`): the only tool names a mirror row may hold."""
@@ -54,8 +66,9 @@ class MirrorAnswer:
     _arguments: dict[int, list[str]] = field(default_factory=dict, repr=False)
 
     def finish_with(self, reason: object) -> None:
-        if isinstance(reason, str) and reason:
-            self.finish = _FINISH.get(reason, "other")
+        found = finish_class(reason)
+        if found is not None:
+            self.finish = found
 
     def tool(self, index: object, name: object) -> None:
         """A call's name is kept only when the request declared that tool (else

@@ -39,7 +39,13 @@ from sidecar.envoy_contract import (
 )
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.ratelimit import LogLimiter
-from sidecar.rollout.mirror_answer import MirrorAnswer, declared_tools, read_answer
+from sidecar.rollout.mirror_answer import (
+    MirrorAnswer,
+    declared_tools,
+    finish_class,
+    kept_tools,
+    read_answer,
+)
 from sidecar.rollout.mirror_bounds import MirrorBounds
 from sidecar.rollout.mirror_http import LoopbackClient, ReplyError
 from sidecar.routing.decision import Decision
@@ -79,6 +85,7 @@ class _Pair:
     at: float            # wall clock, when mirrored
     started: float       # monotonic
     stream: bool
+    tools: frozenset[str] = frozenset()   # the request's declared tool names
     answer: MirrorRow | None = None
     live: RequestResult | None = None
 
@@ -157,28 +164,31 @@ class ShadowTraffic:
               decision: Decision, body: Callable[[str, bool], bytes],
               routes: Mapping[tuple[str, int, Dialect], TargetRoute],
               payload: Mapping[str, object] | None = None,
-              translators: Sequence[Translator] = ()) -> None:
-        """Never raises: a bug here is logged and counted, never the caller's error.
-        `translators`: the group's bridges from the caller's API (runtime.bridge_translators),
-        for a candidate that does not speak it."""
+              translators: Sequence[Translator] = ()) -> bool:
+        """Whether the request was mirrored (then the live request carries the marker that
+        has Envoy read its answer's finish and tools: envoy_config/answer_facts.py). Never
+        raises: a bug here is logged and counted, never the caller's error. `translators`:
+        the group's bridges from the caller's API (runtime.bridge_translators), for a
+        candidate that does not speak it."""
         try:
-            self._offer(group, request_id, dialect, summary, decision, body, routes,
-                        payload or {}, translators)
+            return self._offer(group, request_id, dialect, summary, decision, body, routes,
+                               payload or {}, translators)
         except Exception:
             self._count(group, FAILED_TO_SEND)
             _limited.exception("shadow_offer", "a mirrored request could not be started")
+            return False
 
     def _offer(self, group: str, request_id: str, dialect: Dialect, summary: RequestSummary,
                decision: Decision, body: Callable[[str, bool], bytes],
                routes: Mapping[tuple[str, int, Dialect], TargetRoute],
-               payload: Mapping[str, object], translators: Sequence[Translator]) -> None:
+               payload: Mapping[str, object], translators: Sequence[Translator]) -> bool:
         """A live decision of a mirrored group. Cheap unless sampled and admitted: then the
         body is copied once (`body(model_ref, ask_usage)`) and the send is a task.
         `routes`: the runtime's, for the candidate's route in the caller's API (a bridge
         cluster, or none, when it does not speak that API natively)."""
         entry = self._groups.get(group)
         if entry is None or self._stopped or not entry.bounds.sampled():
-            return
+            return False
         if self._address is None:
             return self._count(group, NO_LISTENER)
         if decision.primary.index == entry.index:
@@ -225,16 +235,19 @@ class ShadowTraffic:
                 self._pairs.popitem(last=False)
                 self.dropped += 1
             self._pairs[request_id] = _Pair(group, entry.label, self._wall_clock(),
-                                            self._clock(), summary.stream)
+                                            self._clock(), summary.stream, tools)
         task = asyncio.get_running_loop().create_task(self._send(
             group, entry, request_id, target, stream, summary, cluster, path, sent, estimate,
             entry.bounds.day, tools))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
-    def _count(self, group: str, outcome: str) -> None:
+    def _count(self, group: str, outcome: str) -> bool:
+        """Count a sampled decision's outcome; False: it was not mirrored."""
         key = (group, outcome)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        return False
 
     # ---- the mirror -----------------------------------------------------------------------
 
@@ -353,6 +366,16 @@ class ShadowTraffic:
                              and row.shadow_error_class == "ok")
         if row.both_answered and live.output_tokens and row.shadow_output_tokens is not None:
             row.output_ratio = row.shadow_output_tokens / live.output_tokens
+        row.live_finish = finish_class(live.answer_finish)
+        live_tools = kept_tools(live.answer_tools.split(","), pair.tools) \
+            if live.answer_tools else []
+        row.live_tools = ",".join(live_tools)
+        if row.both_answered:
+            if row.live_finish is not None and row.shadow_finish is not None:
+                row.same_finish = row.live_finish == row.shadow_finish
+            if row.live_finish is not None:  # the live answer was read: its tools are known
+                shadow_tools = row.shadow_tools.split(",") if row.shadow_tools else []
+                row.same_tools = sorted(live_tools) == sorted(shadow_tools)
         sums = self.pairs.setdefault(pair.group, [0, 0, 0.0, 0])
         sums[0] += 1
         sums[1] += row.both_answered

@@ -17,7 +17,11 @@ _COLUMNS = ("group_name", "candidate", "shadow_error_class", "shadow_latency_ms"
             "shadow_ttft_ms", "shadow_output_tokens", "shadow_cost_usd",
             "shadow_tool_arguments_valid", "shadow_json_valid", "live_error_class",
             "live_status", "live_latency_ms", "live_ttfb_ms", "live_output_tokens",
-            "live_cost_usd", "both_answered", "output_ratio")
+            "live_cost_usd", "both_answered", "output_ratio", "same_finish", "same_tools")
+
+
+def _rate(flags: list[object]) -> float | None:
+    return sum(map(bool, flags)) / len(flags) if flags else None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -64,5 +68,7 @@ def mirror_report(db: Database, filters: Filters) -> list[dict[str, Any]]:
             "tool_arguments_valid_rate": sum(map(bool, tools)) / len(tools) if tools else None,
             "json_valid_rate": (sum(map(bool, structured)) / len(structured)
                                 if structured else None),
+            "same_finish_rate": _rate(figures("same_finish")),
+            "same_tools_rate": _rate(figures("same_tools")),
         })
     return report

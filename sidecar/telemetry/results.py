@@ -30,6 +30,11 @@ class RequestResult:
     # The response body bytes Envoy relayed to the caller, for a stream (None otherwise):
     # what a stream cut before its usage is charged by.
     relayed_stream_bytes: int | None = None
+    # A mirrored request's live answer (envoy_config/answer_facts.py): its finish reason
+    # and the tools it called, as the provider wrote them (bounded; read by shadow traffic
+    # only, never written to a row as they are).
+    answer_finish: str | None = None
+    answer_tools: str | None = None
 
 
 REPORTED, ESTIMATED = "reported", "estimated"

@@ -184,6 +184,13 @@ class MirrorRow:
     live_cost_usd: float | None = None
     both_answered: bool = False
     output_ratio: float | None = None   # the candidate's output tokens over the live one's
+    # The live answer's finish class and declared tool names (Envoy read them:
+    # envoy_config/answer_facts.py), and whether the candidate's are the same (None when
+    # not both answered, or a side's is unknown).
+    live_finish: str | None = None
+    live_tools: str | None = None
+    same_finish: bool | None = None
+    same_tools: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

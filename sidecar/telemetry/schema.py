@@ -124,6 +124,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             output_ratio DOUBLE PRECISION)""",
         "CREATE INDEX shadow_requests_at ON shadow_requests (at)",
     )),
+    (12, (  # the live answer's finish and tools beside the candidate's (#42)
+        "ALTER TABLE shadow_requests ADD COLUMN live_finish TEXT",
+        "ALTER TABLE shadow_requests ADD COLUMN live_tools TEXT",
+        "ALTER TABLE shadow_requests ADD COLUMN same_finish BOOLEAN",
+        "ALTER TABLE shadow_requests ADD COLUMN same_tools BOOLEAN",
+    )),
 )
 ROLLUP_TABLES = ("daily_usage", "daily_decisions", "daily_fallbacks")
 # Advisory-lock keys (PostgreSQL): replicas migrate and roll up one at a time.

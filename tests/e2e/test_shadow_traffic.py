@@ -90,8 +90,9 @@ models:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shadow-traffic")
     db = tmp / "telemetry.db"
-    fakes = [FakeProvider("live", api_key=KEYS["live"]),
-             FakeProvider("cand", api_key=KEYS["cand"]),
+    # Both answer a request that offers tools with a call to its first tool.
+    fakes = [FakeProvider("live", api_key=KEYS["live"], behaviour=Behaviour(call_tools=True)),
+             FakeProvider("cand", api_key=KEYS["cand"], behaviour=Behaviour(call_tools=True)),
              FakeProvider("slow", api_key=KEYS["slow"], behaviour=Behaviour(latency_s=1.5)),
              FakeProvider("anth", api_key=KEYS["anth"])]
     closed = free_port()   # nothing listens there: a candidate that is down
@@ -165,9 +166,13 @@ def test_the_caller_gets_the_live_answer_and_the_candidate_gets_its_own_request(
         assert request.path == "/cand/v1/chat/completions"  # its provider's base URL
         assert request.headers["authorization"] == f"Bearer {KEYS['cand']}"  # by Envoy
         assert "x-sidecar-shadow-token" not in request.headers
+        assert "x-sidecar-answer-facts" not in request.headers
         assert "x-sidecar-shadow-cluster" not in request.headers
         assert TOKEN not in str(request.headers)
     assert any(r.json().get("stream") for r in mirrored_requests)
+    # The live requests' marker (Envoy reads their answers) never reaches the provider.
+    assert not any("x-sidecar-answer-facts" in r.headers
+                   for r in providers.provider("live").received)
     # The candidate's observations, beside the live target's.
     text = metrics_once(up, lambda t: (metric(t, "target_observations", target="cand/c")
                                        or 0) >= 13,
@@ -377,3 +382,41 @@ def test_a_candidate_of_another_api_is_mirrored_through_the_groups_bridge(stack)
         assert error_class == "ok" and tokens and both == 1
     text = metrics(up)
     assert metric(text, "shadow_traffic_requests_total", group="bridged", outcome="sent") == 4
+
+
+def test_agreement_with_the_live_answer_finish_and_tools(stack) -> None:
+    """Envoy reads how each mirrored request's live answer finished and which tools it
+    called (a marker the sidecar sets on mirrored requests only): the rows say whether the
+    candidate did the same, for JSON answers and streams."""
+    up, _, db = stack
+    client = openai.OpenAI(base_url=up.base_url + "/v1", api_key=TOKEN, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    for n in range(3):
+        reply = client.chat.completions.with_raw_response.create(
+            model="mirrored", tools=tools,
+            messages=[{"role": "user", "content": f"weather {n}?"}])
+        assert reply.parse().choices[0].message.tool_calls[0].function.name == "lookup"
+    list(client.chat.completions.create(
+        model="mirrored", tools=tools, stream=True,
+        messages=[{"role": "user", "content": "weather, streamed?"}]))
+
+    def rows():
+        found = sqlite3.connect(db).execute(
+            "SELECT live_finish, live_tools, shadow_finish, shadow_tools, same_finish, "
+            "same_tools, stream FROM shadow_requests WHERE group_name = 'mirrored' "
+            "AND live_tools = 'lookup'").fetchall()
+        return found if len(found) >= 4 else None
+
+    found = wait_for(rows, "no paired rows with the live answer's tools")
+    assert {row[6] for row in found} == {0, 1}   # JSON answers and a stream
+    for live_finish, live_tools, shadow_finish, shadow_tools, same_finish, same_tools, _ in \
+            found:
+        assert (live_finish, shadow_finish, live_tools, shadow_tools) == (
+            "tool", "tool", "lookup", "lookup")
+        assert same_finish == 1 and same_tools == 1
+    # Requests without tools: both stopped, no tools, the same.
+    plain = sqlite3.connect(db).execute(
+        "SELECT live_finish, same_finish, same_tools FROM shadow_requests "
+        "WHERE group_name = 'mirrored' AND live_tools = '' AND both_answered").fetchall()
+    assert plain and all(row == ("stop", 1, 1) for row in plain)

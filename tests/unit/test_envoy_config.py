@@ -326,9 +326,11 @@ def test_attempts_follow_the_sidecars_order_and_retry_only_before_the_response()
     assert lone["route"]["retry_policy"] == {"retry_on": "5xx,reset,connect-failure",
                                              "num_retries": 1}
     filters = manager["typed_config"]["http_filters"]
-    assert [f["name"] for f in filters][:5] == ["envoy.filters.http.health_check",  # /ready
+    assert [f["name"] for f in filters][:6] == ["envoy.filters.http.health_check",  # /ready
                                                  "envoy.filters.http.ext_proc",
                                                  "sidecar.strip_unasked_usage",
+                                                 # reads mirrored answers only (issue 42)
+                                                 "sidecar.answer_facts",
                                                  "sidecar.response_headers",
                                                  "envoy.filters.http.custom_response"]
     assert filters[1]["typed_config"]["metadata_options"] == {

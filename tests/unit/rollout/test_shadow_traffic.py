@@ -131,7 +131,8 @@ def test_mirrored_requests_pair_with_their_live_answers_in_either_order() -> Non
         async with Server([json_reply(COMPLETION), json_reply(COMPLETION)]) as server:
             _, traffic, routes, decision = mirror_for(server.port, rows=rows)
             body = lambda ref, ask: json.dumps({"model": ref}).encode()  # noqa: E731
-            live = RequestResult("early", 200, "p/live", 1, "ok", 50.0, 20.0, 5, 4)
+            live = RequestResult("early", 200, "p/live", 1, "ok", 50.0, 20.0, 5, 4,
+                                 answer_finish="stop")
             traffic.offer("g", "early", Dialect.OPENAI_CHAT, request(), decision, body,
                           routes, {})
             assert traffic.wants("early")
@@ -151,6 +152,12 @@ def test_mirrored_requests_pair_with_their_live_answers_in_either_order() -> Non
         for row in rows:
             assert row.both_answered and row.output_ratio == pytest.approx(0.5)
             assert row.shadow_output_tokens == 2 and row.live_target == "p/live"
+        # The live answer Envoy read (the first): the same finish, no tools on either side;
+        # one Envoy did not read (the second): nothing said about agreement.
+        assert (rows[0].live_finish, rows[0].same_finish, rows[0].same_tools) == (
+            "stop", True, True)
+        assert (rows[1].live_finish, rows[1].same_finish, rows[1].same_tools) == (
+            None, None, None)
         assert traffic.outcomes == {("g", SENT): 2}
         assert traffic.answers == {("g", "answered"): 2} and not traffic._pairs
     asyncio.run(run())

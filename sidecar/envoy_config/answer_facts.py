@@ -1,0 +1,52 @@
+"""What a mirrored request's live answer said (issue 42, docs/rollout.md §4): how it
+finished and which tools it called, read by Envoy as the answer passes and left as dynamic
+metadata (`sidecar.answer`: `finish`, `tools`) for the access log, so shadow traffic can
+say whether the candidate agreed with the live answer without the sidecar in the live
+response path.
+
+Lua (answer_facts.lua, after json_members.lua: JSON read as JSON), because the figures sit
+in arrays (`choices[0]`, `content[]`) that Envoy's json_to_metadata and sse_to_metadata
+rules cannot index. It reads copies of the chunks and edits nothing. Only requests the
+sidecar mirrored carry the marker (ANSWER_FACTS_HEADER, removed before the provider); a
+matcher skips the filter for every other request, so unmirrored traffic pays nothing.
+Bounds: a JSON answer is read only up to MAX_ANSWER_BYTES (past it: no figures), an SSE
+event up to MAX_EVENT_BYTES (a longer one is skipped).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+from envoy_data_plane.envoy.config.core.v3 import DataSource
+from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpFilter,
+)
+from envoy_data_plane.google.protobuf import Any
+from envoy_data_plane.xds.type.matcher.v3 import RegexMatcher, RegexMatcherGoogleRe2, StringMatcher
+
+from sidecar.envoy_config.matchers import negated, request_header, skipped_when
+from sidecar.envoy_contract import ANSWER_FACTS_HEADER
+
+MAX_ANSWER_BYTES = 1024 * 1024
+MAX_EVENT_BYTES = 256 * 1024
+
+
+@cache
+def answer_facts_script() -> str:
+    """The Lua source Envoy runs (also what tests/unit/test_answer_facts_lua.py runs)."""
+    here = files("sidecar.envoy_config")
+    parts = [here.joinpath(name).read_text("utf-8")
+             for name in ("json_members.lua", "answer_facts.lua")]
+    return (f"local MAX_ANSWER_BYTES = {MAX_ANSWER_BYTES}\n"
+            f"local MAX_EVENT_BYTES = {MAX_EVENT_BYTES}\n" + "\n".join(parts))
+
+
+def answer_facts_filter() -> HttpFilter:
+    """Downstream HTTP filter, for marked requests only."""
+    marked = request_header(ANSWER_FACTS_HEADER, StringMatcher(safe_regex=RegexMatcher(
+        google_re2=RegexMatcherGoogleRe2(), regex=".+")))
+    script = Lua(default_source_code=DataSource(inline_string=answer_facts_script()))
+    return skipped_when(negated(marked), "sidecar.answer_facts", "envoy.filters.http.lua",
+                        Any.pack(script))
