@@ -16,17 +16,12 @@ event up to MAX_EVENT_BYTES (a longer one is skipped).
 from __future__ import annotations
 
 from functools import cache
-from importlib.resources import files
 
-from envoy_data_plane.envoy.config.core.v3 import DataSource
-from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
-from envoy_data_plane.google.protobuf import Any
-from envoy_data_plane.xds.type.matcher.v3 import RegexMatcher, RegexMatcherGoogleRe2, StringMatcher
 
-from sidecar.envoy_config.matchers import negated, request_header, skipped_when
+from sidecar.envoy_config.lua_filters import lua_script, marked_lua_filter
 from sidecar.envoy_contract import ANSWER_FACTS_HEADER
 
 MAX_ANSWER_BYTES = 1024 * 1024
@@ -36,17 +31,10 @@ MAX_EVENT_BYTES = 256 * 1024
 @cache
 def answer_facts_script() -> str:
     """The Lua source Envoy runs (also what tests/unit/test_answer_facts_lua.py runs)."""
-    here = files("sidecar.envoy_config")
-    parts = [here.joinpath(name).read_text("utf-8")
-             for name in ("json_members.lua", "answer_facts.lua")]
-    return (f"local MAX_ANSWER_BYTES = {MAX_ANSWER_BYTES}\n"
-            f"local MAX_EVENT_BYTES = {MAX_EVENT_BYTES}\n" + "\n".join(parts))
+    return lua_script(("json_members.lua", "answer_facts.lua"),
+                      {"MAX_ANSWER_BYTES": MAX_ANSWER_BYTES, "MAX_EVENT_BYTES": MAX_EVENT_BYTES})
 
 
 def answer_facts_filter() -> HttpFilter:
     """Downstream HTTP filter, for marked requests only."""
-    marked = request_header(ANSWER_FACTS_HEADER, StringMatcher(safe_regex=RegexMatcher(
-        google_re2=RegexMatcherGoogleRe2(), regex=".+")))
-    script = Lua(default_source_code=DataSource(inline_string=answer_facts_script()))
-    return skipped_when(negated(marked), "sidecar.answer_facts", "envoy.filters.http.lua",
-                        Any.pack(script))
+    return marked_lua_filter("sidecar.answer_facts", ANSWER_FACTS_HEADER, answer_facts_script())

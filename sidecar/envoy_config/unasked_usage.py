@@ -34,17 +34,12 @@ other request.
 from __future__ import annotations
 
 from functools import cache
-from importlib.resources import files
 
-from envoy_data_plane.envoy.config.core.v3 import DataSource
-from envoy_data_plane.envoy.extensions.filters.http.lua.v3 import Lua
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpFilter,
 )
-from envoy_data_plane.google.protobuf import Any
-from envoy_data_plane.xds.type.matcher.v3 import RegexMatcher, RegexMatcherGoogleRe2, StringMatcher
 
-from sidecar.envoy_config.matchers import negated, request_header, skipped_when
+from sidecar.envoy_config.lua_filters import lua_script, marked_lua_filter
 from sidecar.envoy_contract import USAGE_UNASKED_HEADER
 
 # A cut event longer than this is no usage chunk (those are a few hundred bytes): it passes
@@ -58,18 +53,12 @@ MAX_HELD_BYTES = 64 * 1024
 @cache
 def unasked_usage_script() -> str:
     """The Lua source Envoy runs (also what tests/unit/test_unasked_usage_lua.py runs)."""
-    here = files("sidecar.envoy_config")
-    parts = [here.joinpath(name).read_text("utf-8")
-             for name in ("json_members.lua", "unasked_usage.lua")]
-    return (f"local MAX_CARRY_BYTES = {MAX_CARRY_BYTES}\n"
-            f"local MAX_HELD_BYTES = {MAX_HELD_BYTES}\n" + "\n".join(parts))
+    return lua_script(("json_members.lua", "unasked_usage.lua"),
+                      {"MAX_CARRY_BYTES": MAX_CARRY_BYTES, "MAX_HELD_BYTES": MAX_HELD_BYTES})
 
 
 def unasked_usage_filter() -> HttpFilter:
     """Downstream HTTP filter; goes before the usage readers in the list (so after them on
     the response path)."""
-    marked = request_header(USAGE_UNASKED_HEADER, StringMatcher(safe_regex=RegexMatcher(
-        google_re2=RegexMatcherGoogleRe2(), regex=".+")))
-    script = Lua(default_source_code=DataSource(inline_string=unasked_usage_script()))
-    return skipped_when(negated(marked), "sidecar.strip_unasked_usage", "envoy.filters.http.lua",
-                        Any.pack(script))
+    return marked_lua_filter("sidecar.strip_unasked_usage", USAGE_UNASKED_HEADER,
+                             unasked_usage_script())
