@@ -45,9 +45,20 @@ local function array_of(s, m)
   return elements(s, m.value)
 end
 
+-- A name as the candidate's reader keeps it: an empty one is no call; a name no request
+-- could declare (longer than 64 bytes, or with a comma, the list's separator) stands as
+-- "~", which the sidecar counts as undeclared.
 local function add_tool(facts, name)
-  if name ~= nil and #name <= 64 and #facts.tools < MAX_TOOLS then
-    facts.tools[#facts.tools + 1] = name
+  if name == nil or name == "" or #facts.tools >= MAX_TOOLS then return end
+  if #name > 64 or find(name, ",", 1, true) ~= nil then name = "~" end
+  facts.tools[#facts.tools + 1] = name
+  facts.changed = true
+end
+
+local function finish_with(facts, reason)
+  if reason ~= nil and reason ~= facts.finish then
+    facts.finish = reason
+    facts.changed = true
   end
 end
 
@@ -63,8 +74,7 @@ local function chat_facts(facts, data, top)
   local first = choices and choices[1]
   local choice = first and read_object(first)
   if choice == nil then return end
-  local reason = text_of(first, member(choice, "finish_reason"))
-  if reason ~= nil then facts.finish = reason end
+  finish_with(facts, text_of(first, member(choice, "finish_reason")))
   local message_text = object_of(first, member(choice, "message"))
     or object_of(first, member(choice, "delta"))
   local message = message_text and read_object(message_text)
@@ -80,16 +90,14 @@ end
 local function messages_facts(facts, data, top)
   local kind = text_of(data, member(top, "type"))
   if kind == "message" then
-    local reason = text_of(data, member(top, "stop_reason"))
-    if reason ~= nil then facts.finish = reason end
+    finish_with(facts, text_of(data, member(top, "stop_reason")))
     for _, block in ipairs(array_of(data, member(top, "content")) or {}) do
       tool_block(facts, block)
     end
   elseif kind == "message_delta" then
     local delta_text = object_of(data, member(top, "delta"))
     local delta = delta_text and read_object(delta_text)
-    local reason = delta and text_of(delta_text, member(delta, "stop_reason"))
-    if reason ~= nil then facts.finish = reason end
+    finish_with(facts, delta and text_of(delta_text, member(delta, "stop_reason")))
   elseif kind == "content_block_start" then
     tool_block(facts, object_of(data, member(top, "content_block")))
   end
@@ -105,17 +113,23 @@ local function read_facts(facts, data)
   end
 end
 
--- Each complete event in `buf`, its data read; what is left (an unfinished event).
-local function events(facts, buf)
-  local held = ""
-  if byte(buf, #buf) == 13 then  -- maybe half of a CRLF: it waits for the next bytes
-    held, buf = "\r", sub(buf, 1, #buf - 1)
+-- The stream's reading state: `carry`, the unfinished event's text with its line ends
+-- already made LF (it never holds "\n\n"); `held`, a CR at the end of the last chunk
+-- (maybe half of a CRLF). Each chunk's bytes are normalized once and searched from the
+-- last byte of `carry` on, so a long event costs no rescans (only its carry's copies,
+-- bounded by MAX_EVENT_BYTES).
+local function feed(facts, state, bytes)
+  local text = state.held .. bytes
+  state.held = ""
+  if byte(text, #text) == 13 then
+    state.held, text = "\r", sub(text, 1, #text - 1)
   end
-  buf = string.gsub(buf, "\r\n?", "\n")
-  local pos = 1
+  text = string.gsub(text, "\r\n?", "\n")
+  local buf = state.carry .. text
+  local pos, from = 1, math.max(1, #state.carry)
   while true do
-    local stop = find(buf, "\n\n", pos, true)
-    if stop == nil then return sub(buf, pos) .. held end
+    local stop = find(buf, "\n\n", from, true)
+    if stop == nil then break end
     local lines = {}
     for line in string.gmatch(sub(buf, pos, stop), "([^\n]*)\n") do
       if sub(line, 1, 5) == "data:" then
@@ -126,32 +140,17 @@ local function events(facts, buf)
     end
     if #lines > 0 then read_facts(facts, concat(lines, "\n")) end
     pos = stop + 2
+    from = pos
   end
+  state.carry = sub(buf, pos)
+  if #state.carry > MAX_EVENT_BYTES then state.carry = "" end  -- no event of an answer
 end
 
-function envoy_on_response(handle)
-  local kind = handle:headers():get("content-type") or ""
-  local stream = find(kind, "text/event-stream", 1, true) ~= nil
-  local facts = {tools = {}}
-  local parts, size, carry = {}, 0, ""
-  for chunk in handle:bodyChunks() do
-    local n = chunk:length()
-    if n > 0 then
-      local bytes = chunk:getBytes(0, n)
-      if stream then
-        carry = events(facts, carry .. bytes)
-        if #carry > MAX_EVENT_BYTES then carry = "" end
-      else
-        size = size + n
-        if size <= MAX_ANSWER_BYTES then parts[#parts + 1] = bytes end
-      end
-    end
-  end
-  if stream then
-    events(facts, carry .. "\n\n")
-  elseif size <= MAX_ANSWER_BYTES then
-    read_facts(facts, concat(parts))
-  end
+-- Sets what is known so far (again: a later value overwrites), so a caller that hangs up
+-- at `[DONE]`, before the stream's end reaches Envoy, still leaves the facts read.
+local function publish(handle, facts)
+  if not facts.changed then return end
+  facts.changed = false
   local metadata = handle:streamInfo():dynamicMetadata()
   if facts.finish ~= nil and #facts.finish <= 64 then
     metadata:set("sidecar.answer", "finish", facts.finish)
@@ -159,4 +158,35 @@ function envoy_on_response(handle)
   if #facts.tools > 0 then
     metadata:set("sidecar.answer", "tools", concat(facts.tools, ","))
   end
+end
+
+function envoy_on_response(handle)
+  local kind = handle:headers():get("content-type") or ""
+  local stream = find(kind, "text/event-stream", 1, true) ~= nil
+  local facts = {tools = {}, changed = false}
+  local state = {carry = "", held = ""}
+  local parts, size = {}, 0
+  for chunk in handle:bodyChunks() do
+    local n = chunk:length()
+    if n > 0 then
+      local bytes = chunk:getBytes(0, n)
+      if stream then
+        feed(facts, state, bytes)
+        publish(handle, facts)
+      elseif size + n <= MAX_ANSWER_BYTES then
+        size = size + n
+        parts[#parts + 1] = bytes
+      else
+        size, parts = MAX_ANSWER_BYTES + 1, {}  -- too long to read: nothing is kept
+      end
+    end
+  end
+  if stream then
+    -- An event the stream did not end is read too, as the candidate's reader reads it.
+    feed(facts, state, "\n\n")
+  elseif size <= MAX_ANSWER_BYTES then
+    read_facts(facts, concat(parts))
+  end
+  publish(handle, facts)
+  forget_scans()
 end

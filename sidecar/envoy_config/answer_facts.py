@@ -9,8 +9,10 @@ in arrays (`choices[0]`, `content[]`) that Envoy's json_to_metadata and sse_to_m
 rules cannot index. It reads copies of the chunks and edits nothing. Only requests the
 sidecar mirrored carry the marker (ANSWER_FACTS_HEADER, removed before the provider); a
 matcher skips the filter for every other request, so unmirrored traffic pays nothing.
-Bounds: a JSON answer is read only up to MAX_ANSWER_BYTES (past it: no figures), an SSE
-event up to MAX_EVENT_BYTES (a longer one is skipped).
+Bounds: a JSON answer is read only up to MAX_ANSWER_BYTES (past it: no figures, nothing
+kept), an SSE event up to MAX_EVENT_BYTES (a longer one is skipped); each chunk is
+searched once. The facts are set as soon as they are read, so a caller that hangs up at
+`[DONE]`, before the stream's end reaches Envoy, still leaves them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sidecar.envoy_config.lua_filters import lua_script, marked_lua_filter
 from sidecar.envoy_contract import ANSWER_FACTS_HEADER
 
 MAX_ANSWER_BYTES = 1024 * 1024
-MAX_EVENT_BYTES = 256 * 1024
+MAX_EVENT_BYTES = 64 * 1024
 
 
 @cache

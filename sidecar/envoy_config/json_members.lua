@@ -1,6 +1,7 @@
 -- JSON (RFC 8259), read only as far as an object's top-level members and the spans of their
 -- values, for Envoy's LuaJIT (Lua 5.1: no integer division or bitwise operators). Loaded
--- before unasked_usage.lua, in the same chunk (unasked_usage.py joins them).
+-- before unasked_usage.lua or answer_facts.lua, in the same chunk (lua_filters.py joins
+-- them).
 --
 -- Every reader takes (s, i) at its first byte and returns the index after it, or nil when
 -- the text is not JSON there. Nesting deeper than MAX_DEPTH counts as not JSON (bounded

@@ -366,16 +366,19 @@ class ShadowTraffic:
                              and row.shadow_error_class == "ok")
         if row.both_answered and live.output_tokens and row.shadow_output_tokens is not None:
             row.output_ratio = row.shadow_output_tokens / live.output_tokens
+        # Envoy read the live answer when it found its finish (a request the marker missed,
+        # or an answer too long to read, says nothing); the candidate's was read when its
+        # reader found one. Agreement is said only when both were read.
         row.live_finish = finish_class(live.answer_finish)
         live_tools = kept_tools(live.answer_tools.split(","), pair.tools) \
             if live.answer_tools else []
-        row.live_tools = ",".join(live_tools)
-        if row.both_answered:
-            if row.live_finish is not None and row.shadow_finish is not None:
-                row.same_finish = row.live_finish == row.shadow_finish
-            if row.live_finish is not None:  # the live answer was read: its tools are known
-                shadow_tools = row.shadow_tools.split(",") if row.shadow_tools else []
-                row.same_tools = sorted(live_tools) == sorted(shadow_tools)
+        if row.live_finish is not None:
+            row.live_tools = ",".join(live_tools)
+        if row.both_answered and row.live_finish is not None \
+                and row.shadow_finish is not None:
+            row.same_finish = row.live_finish == row.shadow_finish
+            shadow_tools = row.shadow_tools.split(",") if row.shadow_tools else []
+            row.same_tools = sorted(live_tools) == sorted(shadow_tools)
         sums = self.pairs.setdefault(pair.group, [0, 0, 0.0, 0])
         sums[0] += 1
         sums[1] += row.both_answered

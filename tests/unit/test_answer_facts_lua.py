@@ -59,3 +59,20 @@ def test_text_answers_escapes_and_several_tools(lua) -> None:
 def test_garbage_or_an_oversized_answer_gives_nothing(lua, body, headers) -> None:
     response = lua.respond(cut(body, 65536), headers)
     assert response.metadata == {} and response.body == body
+
+
+def test_tool_names_as_the_candidates_reader_keeps_them(lua) -> None:
+    calls = [{"function": {"name": name}} for name in ("", "a", "x" * 65, "b,c")]
+    text = json.dumps({"choices": [{"finish_reason": "tool_calls",
+                                    "message": {"tool_calls": calls}}]}).encode()
+    assert lua.respond([text], JSON).metadata["sidecar.answer/tools"] == "a,~,~"
+
+
+def test_a_long_event_in_small_writes_is_read_once_and_an_endless_one_is_dropped(lua) -> None:
+    event = b"data: " + json.dumps({"choices": [{"finish_reason": "stop", "delta": {
+        "content": "z" * 20_000}}]}).encode() + b"\n\n"
+    assert lua.respond(cut(event, 100), SSE).metadata == {"sidecar.answer/finish": "stop"}
+    endless = b"data: " + b"z" * 200_000 + b"\n\n" + event
+    response = lua.respond(cut(endless, 4096), SSE)
+    assert response.metadata == {"sidecar.answer/finish": "stop"}
+    assert response.body == endless

@@ -156,8 +156,8 @@ def test_mirrored_requests_pair_with_their_live_answers_in_either_order() -> Non
         # one Envoy did not read (the second): nothing said about agreement.
         assert (rows[0].live_finish, rows[0].same_finish, rows[0].same_tools) == (
             "stop", True, True)
-        assert (rows[1].live_finish, rows[1].same_finish, rows[1].same_tools) == (
-            None, None, None)
+        assert (rows[1].live_finish, rows[1].live_tools, rows[1].same_finish,
+                rows[1].same_tools) == (None, None, None, None)
         assert traffic.outcomes == {("g", SENT): 2}
         assert traffic.answers == {("g", "answered"): 2} and not traffic._pairs
     asyncio.run(run())
