@@ -64,6 +64,12 @@ def outcome_of(flags: al.ResponseFlags, status: int, answered: bool = False) -> 
         return Outcome.DECODE_ERROR
     if flags.upstream_remote_reset or flags.upstream_connection_termination or flags.local_reset:
         return Outcome.RESET
+    return outcome_of_status(status)
+
+
+def outcome_of_status(status: int) -> Outcome:
+    """The classification by status alone, once no flag said otherwise (also a mirrored
+    request's, rollout/shadow_traffic.py)."""
     if status in (408, 504):  # a provider's gateway timeout, or a stream's first event
         # overdue at the reply gate (gateway/first_event_deadline.py)
         return Outcome.UPSTREAM_TIMEOUT

@@ -77,7 +77,6 @@ class CanaryFigures:
 class _Canary:
     version: str
     ended: deque[_Ended] = field(default_factory=lambda: deque(maxlen=MAX_OUTCOMES))
-    figures: CanaryFigures = field(default_factory=CanaryFigures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,13 +228,13 @@ class CanaryGuard:
             if split is None or model is None or split.version != canary.version:
                 continue
             window = model.dynamic_score.observation_window_seconds
-            canary.figures = figures_of(canary.ended, now - window)
             if split.withdrawn:
                 continue
+            figures = figures_of(canary.ended, now - window)
             guards = model.rollout.canary.guards  # type: ignore[union-attr]
-            found = breach(guards, canary.figures)
+            found = breach(guards, figures)
             if found is not None:
-                self._withdraw(group, split, found, canary.figures, router, window)
+                self._withdraw(group, split, found, figures, router, window)
 
     def figures(self) -> dict[str, CanaryFigures]:
         """Each group's canary figures now (`/metrics`), over the window its guards read."""

@@ -39,6 +39,7 @@ from sidecar.envoy_contract import (
 )
 from sidecar.gateway.runtime import TargetRoute
 from sidecar.grpcwire.ratelimit import LogLimiter
+from sidecar.observe.entries import outcome_of_status
 from sidecar.rollout.mirror_answer import (
     MirrorAnswer,
     declared_tools,
@@ -295,7 +296,7 @@ class ShadowTraffic:
             error_class = "connect_failure"
         ended = self._clock()
         if error_class is None:
-            error_class = _status_class(status)
+            error_class = outcome_of_status(status).value
         wants_json = summary.structured_output is not None
         if not 200 <= status < 300:
             answer = MirrorAnswer()
@@ -397,14 +398,3 @@ class ShadowTraffic:
             del pairs[request_id]
             self.dropped += 1
 
-
-def _status_class(status: int) -> str:
-    if 200 <= status < 300:
-        return "ok"
-    if status == 429:
-        return "rate_limited"
-    if status >= 500:
-        return "server_error"
-    if status in (401, 403, 404):
-        return "provider_rejected"
-    return "client_error"
