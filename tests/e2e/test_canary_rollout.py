@@ -168,7 +168,11 @@ def test_rows_and_the_decisions_report_show_the_sides_and_the_withdrawal(stack) 
                 "GROUP BY canary").fetchall())
             events = connection.execute(
                 "SELECT group_name, event, guard, requests FROM canary_events").fetchall()
-        if events and sides.get("withdrawn", 0) >= 5:
+            # The healthy group's rows too: the worker writes them when it has the CPU.
+            healthy = connection.execute(
+                "SELECT COUNT(*) FROM request_rows WHERE group_name = 'healthy' "
+                "AND canary = 'canary'").fetchone()[0]
+        if events and sides.get("withdrawn", 0) >= 5 and healthy >= 5:
             break
         assert time.monotonic() < deadline, (sides, events)
         time.sleep(0.2)
