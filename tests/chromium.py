@@ -28,19 +28,21 @@ def chromium() -> str:
     raise AssertionError  # unreachable
 
 
-def _run(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(page: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`page`: a local file, or an http://127.0.0.1 address (the console's pages)."""
+    address = page.as_uri() if isinstance(page, Path) else page
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [chromium(), *_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+            [chromium(), *_FLAGS, f"--user-data-dir={profile}", *args, address],
             capture_output=True, text=True, timeout=120, check=True)
 
 
-def rendered_dom(page: Path) -> str:
+def rendered_dom(page: Path | str) -> str:
     """The document as Chromium built it from the file (after parsing and layout)."""
     return _run(page, "--dump-dom").stdout
 
 
-def screenshot(page: Path, out: Path, width: int = 800, height: int = 1600) -> Path:
+def screenshot(page: Path | str, out: Path, width: int = 800, height: int = 1600) -> Path:
     _run(page, f"--screenshot={out}", f"--window-size={width},{height}",
          "--hide-scrollbars")
     return out

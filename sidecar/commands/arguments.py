@@ -46,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
                     help="with --config: run the demo providers too, and set the demo token "
                          "and provider key for the configuration's {env} references, so an "
                          "edited copy of `sidecar demo-config` runs (live reload included)")
+    up.add_argument("--no-demo-traffic", action="store_true",
+                    help="the demo without its traffic and drift: providers that answer at "
+                         "once, and no requests but yours (docs/console.md)")
+    up.add_argument("--demo-drift-after", type=float, default=60.0, metavar="SECONDS",
+                    help="when the demo's drift starts: baseten slows down and fails for 2 "
+                         "minutes, every 10 (default: 60)")
     up.add_argument("--envoy-log-level", default="warning")
     up.add_argument("--log-decisions", action="store_true",
                     help="log one JSON line per routing decision (safe scalars only)")
@@ -244,6 +250,18 @@ def parser() -> argparse.ArgumentParser:
                                 "name of sidecar/devstack/provider_behaviours.py (e.g. "
                                 "baseten=openai_rate_limited); repeatable; "
                                 "--behaviour list prints the names")
+
+    traffic = command("demo-traffic", "send the demo's mix of requests to a running stack "
+                                      "(docs/console.md)")
+    traffic.add_argument("--url", default="http://127.0.0.1:10000",
+                         help="the client listener (default: http://127.0.0.1:10000)")
+    traffic.add_argument("--token-env", default="SIDECAR_DEMO_TOKEN",
+                         help="environment variable holding the caller token (default: "
+                              "SIDECAR_DEMO_TOKEN; unset: the demo's token)")
+    traffic.add_argument("--rate", type=float, default=3.0,
+                         help="requests a second on average (default: 3)")
+    traffic.add_argument("--requests", type=int, help="stop after this many (default: never)")
+    traffic.add_argument("--seed", type=int, default=0)
 
     demo_config = command("demo-config", "print the demo configuration")
     demo_config.add_argument("--providers-url", default="http://127.0.0.1:18080",

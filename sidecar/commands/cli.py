@@ -92,6 +92,8 @@ def _up(args: argparse.Namespace) -> int:
         admin_token=admin_token,
         drain_seconds=args.drain_seconds,
         drain_grace_seconds=args.drain_grace_seconds,
+        demo_traffic=not args.no_demo_traffic,
+        demo_drift_after_s=args.demo_drift_after,
     )
     try:
         return run_event_loop(run_stack(options))
@@ -269,6 +271,24 @@ def _demo_providers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_traffic(args: argparse.Namespace) -> int:
+    from sidecar.devstack.demo import DEFAULT_DEMO_TOKEN
+    from sidecar.devstack.demo_traffic import DemoTraffic
+
+    if not args.rate > 0:
+        print("error: --rate must be above 0", file=sys.stderr)
+        return 2
+    traffic = DemoTraffic(args.url.rstrip("/"), os.environ.get(args.token_env)
+                          or DEFAULT_DEMO_TOKEN, args.rate, args.seed)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(traffic.run(args.requests))
+    print(f"sent {sum(traffic.sent.values())}: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(traffic.sent.items()))
+          + "; answers by status: "
+          + ", ".join(f"{k or 'no answer'} {v}" for k, v in sorted(traffic.answered.items())))
+    return 0
+
+
 def _demo_config(args: argparse.Namespace) -> int:
     from sidecar.devstack.demo import DEMO_TELEMETRY_FILE, demo_config_text, demo_state_dir
 
@@ -401,10 +421,11 @@ _COMMANDS = {
     "explain": _explain,
     "observations": _observations,
     "demo-providers": _demo_providers,
+    "demo-traffic": _demo_traffic,
     "demo-config": _demo_config,
     "health": _health,
     "render-istio": _render_istio,
     "rollout": _rollout,
 }
 # Commands of the embedded stack: the sidecar's container image leaves sidecar/devstack out.
-_DEVSTACK_COMMANDS = frozenset({"up", "demo-providers", "demo-config"})
+_DEVSTACK_COMMANDS = frozenset({"up", "demo-providers", "demo-config", "demo-traffic"})

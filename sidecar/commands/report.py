@@ -51,12 +51,7 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
     flat = [{k: _cell(v) for k, v in row.items()} for row in rows]
     shadow = [{k: _cell(v) for k, v in row.items()} for row in document.get("shadow", [])]
     if output == "csv":
-        buffer = io.StringIO()
-        if flat:
-            writer = csv.DictWriter(buffer, fieldnames=list(flat[0]))
-            writer.writeheader()
-            writer.writerows(flat)
-        return buffer.getvalue().rstrip("\n")
+        return csv_text(rows)
     text = _table(flat) if flat else f"no {kind} in that period"
     if shadow:
         text += "\n\nshadow policies against the live ones:\n" + _table(shadow)
@@ -71,6 +66,16 @@ def run_report(kind: str, settings: Telemetry, since: str, until: str | None,
         text += "\n\nshadow traffic, candidates beside the live answers:\n" + _table(
             [{k: _cell(v) for k, v in row.items()} for row in document["shadow_traffic"]])
     return text
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """A report's rows as CSV (`--format csv`, and the console's export)."""
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    return buffer.getvalue().rstrip("\n")
 
 
 def _cell(value: Any) -> str:

@@ -25,7 +25,8 @@ from pathlib import Path
 from sidecar.config import SidecarConfig, load_config_file, load_config_text
 from sidecar.config.references import config_view
 from sidecar.config.secrets import secret_problems
-from sidecar.devstack import demo
+from sidecar.devstack import demo, demo_world
+from sidecar.devstack.demo_traffic import DemoTraffic
 from sidecar.devstack.envoy_process import (
     start_envoy,
     stop_envoy,
@@ -65,6 +66,14 @@ class StackOptions:
     admin_token: str | None = None
     drain_seconds: float = 10.0  # on SIGTERM (operations/drain.py)
     drain_grace_seconds: float = 2.0  # of it, serving after /ready fails
+    # The demo's differing providers, their drift and its traffic (devstack/demo_world.py,
+    # demo_traffic.py): with the demo configuration, unless --no-demo-traffic.
+    demo_traffic: bool = True
+    demo_drift_after_s: float = demo_world.DEMO_DRIFT.start_s
+
+    @property
+    def demo_world(self) -> bool:
+        return self.config_path is None and self.demo_providers and self.demo_traffic
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
         f"  Anthropic SDK base_url: {base}",
         f"  model groups: {', '.join(config.models)}",
         f"  Envoy admin: http://{options.addresses.admin}   ext_proc: {options.addresses.ext_proc}",
+        f"  console: http://{options.admin_http}/console/   (why traffic goes where it goes)",
         f"  sidecar admin: http://{options.admin_http}/observations",
         f"  Envoy config: {envoy_file}",
         f"  processes: sidecar pid {os.getpid()}, envoy pid {envoy_pid}",
@@ -134,6 +144,10 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
         f"  curl -s {base}/v1/chat/completions -H \"Authorization: Bearer {token}\" "
         f"-H 'content-type: application/json' -d '{body}'",
     ]
+    if options.demo_world:
+        lines.append("demo traffic: a few requests a second; baseten slows down and fails "
+                     f"for 2 minutes every 10, from {options.demo_drift_after_s:g} s on "
+                     "(--no-demo-traffic for a quiet demo)")
     lines += _see_what_it_did(config, options, files)
     lines.append("Press Ctrl-C to stop.")
     return "\n".join(lines)
@@ -177,6 +191,8 @@ async def run_stack(options: StackOptions) -> int:
         options = dataclasses.replace(options, demo_token=os.environ[demo.DEMO_TOKEN_ENV])
         key = os.environ.setdefault(demo.DEMO_PROVIDER_KEY_ENV, demo.new_provider_key())
         providers = demo.demo_provider_server("127.0.0.1", options.demo_port, key)
+        if options.demo_world:
+            demo_world.steady(providers)
         await providers.start()
     demo_root = f"http://127.0.0.1:{providers.port}" if providers else None
 
@@ -207,6 +223,7 @@ async def run_stack(options: StackOptions) -> int:
     envoy = start_envoy(envoy_file, options.envoy_log_level, hide_wip_notices=True)
     log.info("started Envoy pid %d with %s", envoy.pid, envoy_file)
     sidecar = None
+    world: list[asyncio.Future[None]] = []
     try:
         sidecar = await start_sidecar(config, runtime, options.addresses.ext_proc,
                                       options.admin_http, options.log_decisions,
@@ -229,6 +246,12 @@ async def run_stack(options: StackOptions) -> int:
             log.debug("held back %d Envoy notices about work-in-progress API features "
                       "(docs/security.md)", envoy.notices_hidden)
         print(banner(config, options, envoy.pid, envoy_file, files), flush=True)
+        if options.demo_world and providers is not None:
+            drift = demo_world.Drift(start_s=options.demo_drift_after_s,
+                                     end_s=options.demo_drift_after_s + 120)
+            world = [asyncio.ensure_future(demo_world.run_drift(providers, drift)),
+                     asyncio.ensure_future(DemoTraffic(
+                         f"http://{options.addresses.listen}", options.demo_token).run())]
         envoy_exit = loop.run_in_executor(None, envoy.wait)
         await asyncio.wait([envoy_exit, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not stopped.done():
@@ -239,6 +262,8 @@ async def run_stack(options: StackOptions) -> int:
                         options.drain_grace_seconds)
         return 0
     finally:
+        for task in world:
+            task.cancel()
         stop_envoy(envoy)
         shutil.rmtree(workdir, ignore_errors=True)
         if sidecar is not None:

@@ -17,6 +17,7 @@ from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.keys import cache_directives
 from sidecar.config.models import Caller, ModelGroup
 from sidecar.config.secrets import token_digest
+from sidecar.console.decision_ring import DecisionRing
 from sidecar.dialects import errors
 from sidecar.dialects.apis import CALLER_PATHS, Dialect
 from sidecar.dialects.body import BodyError, ParsedBody, parse_body
@@ -104,6 +105,9 @@ class Gateway:
         # traffic (rollout/shadow_traffic.py), set by the assembly.
         self.canary: CanaryGuard | None = None
         self.mirror: ShadowTraffic | None = None
+        # The operator console's recent decisions (console/decision_ring.py), set by the
+        # assembly: one append of references per decision.
+        self.recent: DecisionRing | None = None
         # Deciders a reload replaced, until the shadow loop has drained and rolled them up.
         self.retired_shadows: list[ShadowDecider] = []
         # Retries whose headers carried a credential (should stay 0: docs/security.md).
@@ -260,9 +264,12 @@ class Gateway:
         if decision.trace.canary is not None and self.canary is not None:
             self.canary.decided(pending.request_id, model, decision.trace.canary,
                                 runtime.router.canary(model).version)  # type: ignore[union-attr]
+        now = time.time()
+        if self.recent is not None:
+            self.recent.decided(pending.request_id, now, pending.caller.name, decision)
         if self._telemetry is not None and pending.request_id:
             self._telemetry.decided(DecisionFacts(
-                pending.request_id, time.time(), pending.caller.name, model, decision,
+                pending.request_id, now, pending.caller.name, model, decision,
                 summary, pending.traceparent, cache=cache.outcome if cache else None))
         if self.quotas is not None and pending.request_id and isinstance(decision, Decision):
             self.quotas.expect(pending.request_id, estimate_of(summary))  # type: ignore[arg-type]

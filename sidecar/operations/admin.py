@@ -12,6 +12,8 @@
 - `GET /requests?trace=<trace id>[&since=SECONDS]`: the telemetry rows of the requests
   sent with that W3C trace id (at most 50, from the last hour at most), for `sidecar
   rollout check` (telemetry/request_lookup.py).
+- `GET /console/`: the operator console (console/app.py, docs/console.md): read-only
+  pages for browsers; beyond loopback a login form takes the admin token once.
 - `GET /status`: ext_proc streams being served and asyncio tasks alive (both return to
   their idle level when requests end, cancelled ones included), and the gRPC port's
   counters (connections, refusals, protocol errors, unauthenticated calls, bytes held).
@@ -41,6 +43,9 @@ from dataclasses import asdict
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from sidecar.console.app import Console
+from sidecar.console.login import MAX_FORM_BYTES
+from sidecar.console.responses import Page, text_page
 from sidecar.observe.store import ObservationStore
 from sidecar.telemetry.admin_reports import AdminReports
 from sidecar.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -74,6 +79,7 @@ def is_loopback(host: str) -> bool:
 
 
 MAX_CONNECTIONS = 64
+_KEPT_HEADERS = (b"authorization", b"cookie", b"content-length")
 HEAD_TIMEOUT = 2.0
 HEALTHZ_SPARE = 8
 HEALTHZ_HEAD_TIMEOUT = 0.5
@@ -92,6 +98,8 @@ class AdminServer:
                  grpc_counters: Callable[[], dict[str, int]] | None = None,
                  metrics: Metrics | None = None, token: str | None = None,
                  reports: AdminReports | None = None) -> None:
+        # The operator console (console/app.py), served under /console/ when set.
+        self.console: Console | None = None
         # `POST /reload` (operations/reload.py): set once the sidecar is running.
         self.reload: Callable[[], Awaitable[dict[str, object]]] | None = None
         check_exposure(host, token)
@@ -128,10 +136,17 @@ class AdminServer:
             return
         self._open += 1
         try:
-            line, authorization = await asyncio.wait_for(self._read_head(reader),
-                                                         HEAD_TIMEOUT)
+            line, head = await asyncio.wait_for(self._read_head(reader), HEAD_TIMEOUT)
             try:
-                status, body = await self._dispatch(line.decode("latin-1"), authorization)
+                if line.split(b" ")[1:2] and line.split(b" ")[1].startswith(b"/console"):
+                    page = await self._console(line.decode("latin-1"), head, reader)
+                    writer.write(page.head().encode() + page.body)
+                    await writer.drain()
+                    return
+                status, body = await self._dispatch(line.decode("latin-1"),
+                                                    head.get(b"authorization"))
+            except (TimeoutError, asyncio.IncompleteReadError):
+                raise
             except Exception:  # never let a request take the endpoint down
                 status, body = "500 Internal Server Error", {"error": "internal error"}
             await self._answer(writer, status, body)
@@ -170,19 +185,42 @@ class AdminServer:
         await writer.drain()
 
     @staticmethod
-    async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None]:
-        """The request line and the `authorization` value; other headers are read and
-        ignored (at most 100 of them)."""
+    async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes]]:
+        """The request line and the headers this endpoint reads (`authorization`, and the
+        console's `cookie` and `content-length`); others are read and ignored (at most 100
+        header lines in all)."""
         line = await reader.readline()
-        authorization = None
+        kept: dict[bytes, bytes] = {}
         for _ in range(100):
             header = await reader.readline()
             if header in (b"\r\n", b"\n", b""):
                 break
             name, _, value = header.partition(b":")
-            if name.strip().lower() == b"authorization":
-                authorization = value.strip()
-        return line, authorization
+            name = name.strip().lower()
+            if name in _KEPT_HEADERS:
+                kept[name] = value.strip()
+        return line, kept
+
+    async def _console(self, request_line: str, head: dict[bytes, bytes],
+                       reader: asyncio.StreamReader) -> Page:
+        """`/console/…` (console/app.py): the bearer token, or the console's login cookie
+        beyond loopback; a login form's body (at most MAX_FORM_BYTES) read within the
+        head's time."""
+        parts = request_line.split(" ")
+        if self.console is None:
+            return text_page("404 Not Found", "the console is not served by this process")
+        method, url = parts[0], urlsplit(parts[1])
+        authorization = head.get(b"authorization")
+        admitted = self._token is None or (
+            authorization is not None and hmac.compare_digest(authorization, self._token))
+        form = None
+        if method == "POST":
+            length = head.get(b"content-length", b"0")
+            if not (length.isdigit() and int(length) <= MAX_FORM_BYTES):
+                return text_page("413 Content Too Large", "a login form is a few bytes")
+            form = await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
+        return await self.console.answer(method, url.path, url.query, admitted,
+                                         head.get(b"cookie"), form)
 
     async def _dispatch(self, request_line: str,
                         authorization: bytes | None) -> tuple[str, object]:
@@ -243,5 +281,5 @@ class AdminServer:
                     return "400 Bad Request", {"error": "window must be a positive integer"}
                 window = int(text)
             return "200 OK", observations_document(self._store, window)
-        return "404 Not Found", {"error": "try /observations, /metrics, /reports/usage, "
-                                          "/status or /healthz"}
+        return "404 Not Found", {"error": "try /console/, /observations, /metrics, "
+                                          "/reports/usage, /status or /healthz"}

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from sidecar.cache.caches import ResponseCaches
 from sidecar.cache.metrics import add_cache_metrics
 from sidecar.config.models import SidecarConfig
+from sidecar.console.app import Console, ConsoleSources
+from sidecar.console.decision_ring import DecisionRing
 from sidecar.envoy_config.addresses import split_host_port
 from sidecar.evaluation.metrics import add_shadow_metrics
 from sidecar.evaluation.shadow import ShadowLoop
@@ -170,8 +172,11 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     gateway.mirror = mirror
     if enabled:
         gateway.canary = canary
+    # The console's recent decisions (console/decision_ring.py), told how each ended.
+    ring = DecisionRing()
+    gateway.recent = ring
     sinks = [sink for sink in (telemetry, quotas.ledger, canary if enabled else None,
-                               mirror if enabled else None) if sink is not None]
+                               mirror if enabled else None, ring) if sink is not None]
     receiver = (AccessLogReceiver(store, runtime.cluster_targets, runtime.cluster_groups,
                                   attempt_window_s=longest_request_s(config),
                                   telemetry=FanOut(sinks), hedges=lambda: gateway.hedges)
@@ -222,6 +227,10 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
         fleet.start()
     admin = AdminServer(store, host, port, processor, server.counters.as_dict, metrics,
                         token=admin_token, reports=reports)
+    admin.console = Console(ConsoleSources(
+        lambda: gateway.runtime, store, ring, quotas,
+        fleet.gauges if fleet is not None else None,
+        config.telemetry if telemetry is not None else None), admin_token)
     try:
         await admin.start()
     except OSError as exc:

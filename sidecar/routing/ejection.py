@@ -153,6 +153,11 @@ class Ejections:
             return Health.EJECTED
         return Health.PROBING
 
+    def ejected_until(self, label: str) -> float:
+        """When (this clock) `label`'s ejection ends (probing may start); -inf when in."""
+        state = self._ejected.get(label)
+        return -math.inf if state is None else state.until
+
     def probe_evidence(self, label: str, observations: ObservationView) -> TargetObservations:
         """What a probing target has done since probing began (the tally is taken at the
         first decision that finds it probing: late replies to requests sent before the

@@ -75,7 +75,8 @@ class Aggregate:
     error_classes: Counter[str] = field(default_factory=Counter)
     buckets: Counter[tuple[str, str]] = field(default_factory=Counter)
 
-    def add_row(self, row: Mapping[str, Any], exact: bool = True) -> None:
+    def add_row(self, row: Mapping[str, Any], exact: bool = True,
+                decisions: bool = True) -> None:
         self.requests += 1
         error = row.get("error_class")
         if error not in (None, "ok"):
@@ -93,7 +94,8 @@ class Aggregate:
                 self.latencies.append(latency)
             else:
                 self.histogram.add(latency)
-        self.buckets.update(decision_buckets(row))
+        if decisions:
+            self.buckets.update(decision_buckets(row))
 
     def merge(self, other: Aggregate) -> None:
         self.requests += other.requests

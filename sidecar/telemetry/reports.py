@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,17 +59,52 @@ def report(db: Database, kind: str, filters: Filters, by: str = "target") -> lis
         raise ValueError(f"unknown report {kind!r} (one of: {', '.join(KINDS)})")
     if by not in BY:
         raise ValueError(f"--by {by!r}: one of {', '.join(BY)}")
+    if kind == "fallbacks":
+        with db.transaction() as cursor:
+            return _fallbacks(cursor, db, filters, _expired_days(cursor, filters))
+    return report_views(db, kind, filters, {by: lambda row, at: _key(row, by, at)})[by]
+
+
+# A view's key for a row (raw: `at` is its start; rolled up: the start of its day).
+ViewKey = Callable[[dict[str, Any], float], str]
+
+
+class ReportTooLong(Exception):
+    """The period holds more rows than can be read within the time given."""
+
+
+def report_views(db: Database, kind: str, filters: Filters, views: dict[str, ViewKey],
+                 max_seconds: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """A usage or decisions report keyed several ways in one read of the period (the
+    console's usage page: by target, caller, group and over time). Each view's rows are
+    exactly what `report` gives for that key: one code path. Days read from rollups count
+    at their start (a rollup has no hours). With `max_seconds`, a read that takes longer
+    stops with ReportTooLong (checked every 1,000 rows)."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    totals: dict[str, dict[str, Aggregate]] = {name: {} for name in views}
+    keyed = list(views.items())
+    decisions = kind == "decisions"  # a usage report needs no decision buckets
     with db.transaction() as cursor:
         expired = _expired_days(cursor, filters)
-        if kind == "fallbacks":
-            return _fallbacks(cursor, db, filters, expired)
-        totals: dict[str, Aggregate] = {}
-        for row in _raw(cursor, db, "request_rows", "started_at", filters):
-            totals.setdefault(_key(row, by, row["started_at"]), Aggregate()).add_row(row)
-        for key, rolled in _rolled_up(cursor, db, filters, expired, by):
-            totals.setdefault(key, Aggregate()).merge(rolled)
+        for read, row in enumerate(_raw(cursor, db, "request_rows", "started_at", filters)):
+            if deadline is not None and not read % _BATCH and time.monotonic() > deadline:
+                raise ReportTooLong(f"more than {read} rows in the period")
+            for name, key in keyed:
+                totals[name].setdefault(key(row, row["started_at"]), Aggregate()).add_row(
+                    row, decisions=decisions)
+        for day, group, caller, target, rolled in _rolled_up(cursor, db, filters, expired):
+            row = {"day": day, "group_name": group, "caller": caller,
+                   "serving_target": target or None}
+            for name, key in keyed:
+                totals[name].setdefault(key(row, day_start(day)), Aggregate()).merge(rolled)
     entry = usage_entry if kind == "usage" else decisions_entry
-    return [entry(by, key, total) for key, total in sorted(totals.items())]
+    return {name: [entry(name, key, total) for key, total in sorted(view.items())]
+            for name, view in totals.items()}
+
+
+def view_key(by: str) -> ViewKey:
+    """The key of one of `BY`'s views."""
+    return lambda row, at: _key(row, by, at)
 
 
 def shadow_report(db: Database, filters: Filters) -> list[dict[str, Any]]:
@@ -140,8 +176,8 @@ def _expired_days(cursor: Any, filters: Filters) -> list[str]:
                   if day_start(day) < filters.until and day_start(day) + DAY_S > filters.since)
 
 
-def _rolled_up(cursor: Any, db: Database, filters: Filters, days: list[str],
-               by: str) -> Iterator[tuple[str, Aggregate]]:
+def _rolled_up(cursor: Any, db: Database, filters: Filters, days: list[str]
+               ) -> Iterator[tuple[str, str, str, str | None, Aggregate]]:
     if not days:
         return
     where, params = _where(db, "day", days[0], days[-1] + "~", filters, callers=True)
@@ -167,10 +203,8 @@ def _rolled_up(cursor: Any, db: Database, filters: Filters, days: list[str],
         part = parts.get(_rollup_key(row))
         if part is not None:
             part.buckets[(row["dimension"], row["bucket"])] += row["requests"]
-    for key, part in parts.items():
-        day, group, caller, target = key
-        yield _key({"day": day, "group_name": group, "caller": caller,
-                    "serving_target": target or None}, by), part
+    for (day, group, caller, target), part in parts.items():
+        yield day, group, caller, target, part
 
 
 def _rollup_key(row: dict[str, Any]) -> tuple[str, ...]:
@@ -179,8 +213,35 @@ def _rollup_key(row: dict[str, Any]) -> tuple[str, ...]:
 
 def _fallbacks(cursor: Any, db: Database, filters: Filters,
                expired: list[str]) -> list[dict[str, Any]]:
-    counts: Counter[tuple[str, str, str, str]] = Counter(
-        (r["group_name"], r["from_target"], r["to_target"], r["failure"])
+    counts = _fallback_counts(cursor, db, filters, expired, None)
+    return [{"group": g, "from_target": f, "to_target": t, "failure": failure, "count": n}
+            for (g, f, t, failure, _), n in sorted(counts.items())]
+
+
+def fallback_views(db: Database, filters: Filters, step_s: int
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The fallbacks report and, from the same read, the transitions over time: per
+    `step_s` bucket (its start, epoch seconds) and failure (the console's errors page)."""
+    with db.transaction() as cursor:
+        counts = _fallback_counts(cursor, db, filters, _expired_days(cursor, filters), step_s)
+    report_rows: Counter[tuple[str, str, str, str]] = Counter()
+    series: Counter[tuple[int, str]] = Counter()
+    for (g, f, t, failure, at), n in counts.items():
+        report_rows[(g, f, t, failure)] += n
+        series[(at, failure)] += n
+    return ([{"group": g, "from_target": f, "to_target": t, "failure": failure, "count": n}
+             for (g, f, t, failure), n in sorted(report_rows.items())],
+            [{"time": at, "failure": failure, "count": n}
+             for (at, failure), n in sorted(series.items())])
+
+
+def _fallback_counts(cursor: Any, db: Database, filters: Filters, expired: list[str],
+                     step_s: int | None) -> Counter[tuple[str, str, str, str, int]]:
+    def bucket(at: float) -> int:
+        return 0 if step_s is None else int(at // step_s) * step_s
+
+    counts: Counter[tuple[str, str, str, str, int]] = Counter(
+        (r["group_name"], r["from_target"], r["to_target"], r["failure"], bucket(r["at"]))
         for r in _raw(cursor, db, "fallback_transitions", "at", filters))
     if expired:
         where, params = _where(db, "day", expired[0], expired[-1] + "~", filters,
@@ -191,6 +252,5 @@ def _fallbacks(cursor: Any, db: Database, filters: Filters,
             row = dict(zip(names, values, strict=True))
             if row["day"] in expired:
                 counts[(row["group_name"], row["from_target"], row["to_target"],
-                        row["failure"])] += row["transitions"]
-    return [{"group": g, "from_target": f, "to_target": t, "failure": failure, "count": n}
-            for (g, f, t, failure), n in sorted(counts.items())]
+                        row["failure"], bucket(day_start(row["day"])))] += row["transitions"]
+    return counts

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -182,6 +183,30 @@ def _exercise(up: UpProcess, providers: ProviderThread) -> dict[str, str]:
     return bodies
 
 
+def _console(client: httpx.Client, admin: str) -> dict[str, str]:
+    """Every page of the operator console (issue 43), each decision's explain view and every
+    CSV, through its login: the token rule (a redirect to the login without it, a refusal
+    of a wrong one, a cookie for the right one) and then the pages' text."""
+    assert client.get(f"{admin}/console/now").status_code == 303
+    assert client.post(f"{admin}/console/login", data={"token": "wrong"}).status_code == 401
+    login = client.post(f"{admin}/console/login", data={"token": ADMIN_TOKEN})
+    assert login.status_code == 303 and ADMIN_TOKEN not in login.headers["set-cookie"]
+    cookie = {"cookie": login.headers["set-cookie"].split(";")[0]}
+    places = {}
+    paths = ["/console/now", "/console/decisions", "/console/decisions?caller=canary-team",
+             "/console/usage?period=15m", "/console/errors?period=15m", "/console/login",
+             *(f"/console/usage.csv?view={view}&period=15m"
+               for view in ("target", "caller", "group", "complexity"))]
+    decisions = client.get(f"{admin}/console/decisions", headers=cookie).text
+    paths += sorted(set(re.findall(r'href="(/console/decisions/[^"?]+)"', decisions)))
+    assert len(paths) > 12, "the decisions page links each decision"
+    for path in paths:
+        answer = client.get(f"{admin}{path}", headers=cookie)
+        assert answer.status_code in (200, 303), (path, answer.status_code)
+        places[f"console {path}"] = answer.text
+    return places
+
+
 def _collect(up: UpProcess) -> dict[str, str]:
     places = {}
     with httpx.Client(timeout=10) as client:
@@ -191,6 +216,7 @@ def _collect(up: UpProcess) -> dict[str, str]:
                                 headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
             assert answer.status_code == 200, (path, answer.status_code)
             places[f"sidecar admin {path}"] = answer.text
+        places |= _console(client, f"http://127.0.0.1:{up.admin_http_port}")
         for path in ("/config_dump?include_eds", "/stats", "/stats?format=json",
                      "/clusters", "/server_info", "/listeners", "/runtime"):
             places[f"Envoy admin {path}"] = client.get(

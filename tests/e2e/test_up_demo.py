@@ -155,7 +155,8 @@ def test_a_killed_stacks_folder_is_removed_by_the_next_start(tmp_path) -> None:
 
 def test_the_demo_shows_costs_reports_and_explain_as_its_banner_says(tmp_path) -> None:
     """Issue #29.1: the demo had telemetry off (no reports) and no prices (every cost 0)."""
-    up = UpProcess(["--demo-port", "0"], env={"XDG_STATE_HOME": str(tmp_path / "state")},
+    up = UpProcess(["--demo-port", "0", "--no-demo-traffic"],  # counts one request
+                   env={"XDG_STATE_HOME": str(tmp_path / "state")},
                    log_path=tmp_path / "up.log")
     with up.running():
         oai = openai.OpenAI(base_url=up.base_url + "/v1", api_key="demo-caller-token",

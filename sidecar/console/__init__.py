@@ -1,0 +1,1 @@
+"""The operator console: read-only pages on the admin endpoint (docs/console.md)."""
