@@ -52,8 +52,10 @@ def build(path: Path, rows: int, days: int, now: float) -> None:
                                    chance.lognormvariate(6, 0.5), 50.0,
                                    chance.randrange(50, 4000), chance.randrange(10, 800), 0)
             row = request_row(None, result, {}, "log_only", at)
-            row["caller"] = CALLERS[n % len(CALLERS)]
-            row["group_name"] = "adaptive-agent"
+            row.caller = CALLERS[n % len(CALLERS)]
+            row.group = "adaptive-agent"
+            row.complexity = ("simple", "standard", "complex")[n % 3]
+            row.cost_usd = (result.input_tokens + 4 * result.output_tokens) / 1e6
             batch.append(row)
             if n % 20 == 0:
                 transitions.append(FallbackRow(f"r{n}", at, "adaptive-agent", TARGETS[0],

@@ -42,7 +42,9 @@ def rendered_dom(page: Path | str) -> str:
     return _run(page, "--dump-dom").stdout
 
 
-def screenshot(page: Path | str, out: Path, width: int = 800, height: int = 1600) -> Path:
+def screenshot(page: Path | str, out: Path, width: int = 800, height: int = 1600,
+               dark: bool = False) -> Path:
+    """`dark`: with the system's dark preference (`prefers-color-scheme: dark`)."""
     _run(page, f"--screenshot={out}", f"--window-size={width},{height}",
-         "--hide-scrollbars")
+         "--hide-scrollbars", *(("--force-dark-mode",) if dark else ()))
     return out

@@ -225,6 +225,11 @@ def test_the_pages_say_what_metrics_observations_and_report_say(tmp_path: Path) 
             assert figure(cells[4]) == row["input_tokens"]
             assert figure(cells[5]) == row["output_tokens"]
             assert figure(cells[7]) == pytest.approx(row["cost_usd"], rel=1e-3, abs=1e-6)
+        # Light and dark, as the system prefers: the page's background is the theme's.
+        for dark, background in ((False, (0xFF, 0xFF, 0xFF)), (True, (0x0D, 0x11, 0x17))):
+            shot = screenshot(console + "now", tmp_path / f"now-{dark}.png", 1000, 700, dark)
+            colours = sorted(Image.open(shot).convert("RGB").getcolors(1 << 22), reverse=True)
+            assert colours[0][1] == background, (dark, colours[:3])
         csv = httpx.get(f"{console}usage.csv?view=target&period=1h", timeout=10)
         assert csv.status_code == 200 and csv.text.splitlines()[0].startswith("target,requests")
         assert len(csv.text.strip().splitlines()) == 1 + len(report)

@@ -189,3 +189,19 @@ def test_usage_charged_is_the_providers_when_it_said_and_an_estimate_when_served
                      RequestResult("r", 401, None, 0, "ok")):
         assert usage_charged(unserved, (300, 100)) == (unserved, None)
     assert usage_charged(silent, None) == (silent, None)
+
+
+def test_the_console_shows_each_open_window_against_its_limit() -> None:
+    """console/usage_page.py's quota rows: counted against the limit, budget pressure."""
+    from sidecar.console.usage_page import quota_rows
+
+    quotas, _ = counters()
+    quotas.admit("team", "basic")
+    quotas.used("team", "basic", 400, 0.25, MIDNIGHT + 30)
+    rows = {(r.scope, r.limit_name): r for r in quota_rows(quotas, ["basic", "premium"])}
+    spend = rows[("*", "spend_per_day_usd")]
+    assert (spend.caller, spend.counted, spend.limit, spend.pressure) == ("team", 0.25, 0.5,
+                                                                          0.5)
+    assert (rows[("*", "tokens_per_day")].counted, rows[("*", "tokens_per_day")].limit) == (
+        400, 1000)
+    assert rows[("*", "requests_per_minute")].limit == 3
