@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--no-demo-traffic", action="store_true",
                     help="the demo without its traffic and drift: providers that answer at "
                          "once, and no requests but yours (docs/console.md)")
+    up.add_argument("--demo-traffic-rate", type=float, default=3.0, metavar="PER_SECOND",
+                    help="requests a second the demo traffic sends on average (default: 3)")
     up.add_argument("--demo-drift-after", type=float, default=60.0, metavar="SECONDS",
                     help="when the demo's drift starts: baseten slows down and fails for 2 "
                          "minutes, every 10 (default: 60)")

@@ -73,6 +73,9 @@ def _up(args: argparse.Namespace) -> int:
     from sidecar.devstack.envoy_process import EnvoyStartError
     from sidecar.devstack.stack import StackOptions, run_stack
 
+    if not 0 < args.demo_traffic_rate <= 1000:
+        print("error: --demo-traffic-rate must be above 0 and at most 1000", file=sys.stderr)
+        return 2
     try:
         admin_token = _admin_token(args)
     except ChannelTokenError as exc:
@@ -94,6 +97,7 @@ def _up(args: argparse.Namespace) -> int:
         drain_grace_seconds=args.drain_grace_seconds,
         demo_traffic=not args.no_demo_traffic,
         demo_drift_after_s=args.demo_drift_after,
+        demo_rate_per_s=args.demo_traffic_rate,
     )
     try:
         return run_event_loop(run_stack(options))

@@ -5,7 +5,8 @@ What runs where: the event loop only copies references the router, the observati
 the decision ring and the quota counters hold now (as `/observations` and `/metrics` do);
 formatting a page runs on a worker thread, and so do telemetry reads, one at a time on a
 read-only connection of their own, each bounded (console/telemetry_views.py). A telemetry
-page's figures are kept `REUSE_SECONDS`, so several browsers refreshing cost one read.
+page's figures (or its failure) are kept `REUSE_SECONDS`, so several browsers refreshing
+cost one read, and a read that hit its bound is not started again at every refresh.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from sidecar.quotas.admission import Quotas
 from sidecar.telemetry.database import Database, open_database
 from sidecar.telemetry.reports import ReportTooLong
 
-REUSE_SECONDS = 4.0
+# The telemetry pages refresh every TELEMETRY_REFRESH_S, and what they read is reused a
+# little less long: one read per refresh of an open tab, one for many tabs.
+TELEMETRY_REFRESH_S = 30
+REUSE_SECONDS = 25.0
 REUSED_ENTRIES = 16
 STATIC = {"console.css": "text/css; charset=utf-8",
           "console.js": "text/javascript; charset=utf-8"}
@@ -52,28 +56,32 @@ class ConsoleSources:
 
 
 class Console:
-    def __init__(self, sources: ConsoleSources, token: str | None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, sources: ConsoleSources, token: str | None, port: int = 0,
+                 wall_clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._sources = sources
-        self.login = None if token is None else ConsoleLogin(token)
+        self.login = None if token is None else ConsoleLogin(token, port, wall_clock)
         self._clock = wall_clock
+        self._monotonic = clock
         self._reading = asyncio.Lock()
-        self._reused: OrderedDict[tuple[str, ...], tuple[float, Any]] = OrderedDict()
+        self._reused: OrderedDict[tuple[str, ...], tuple[float, tuple[Any, str | None]]] = (
+            OrderedDict())
         self._static = {name: resources.files("sidecar.console").joinpath("static", name)
                         .read_bytes() for name in STATIC}
         self.pages_served = 0
 
     async def answer(self, method: str, path: str, query: str, admitted: bool,
-                     cookie: bytes | None, form: bytes | None) -> Page:
-        """`admitted`: the request carried the admin token, or none is needed (loopback)."""
-        name = path.removeprefix("/console").strip("/")
+                     cookie: bytes | None, form: bytes | None, peer: str = "") -> Page:
+        """`admitted`: the request carried the admin token, or none is needed (loopback).
+        `path` as sent (still quoted): a decision's id is unquoted once, whole."""
+        name = path.removeprefix("/console").lstrip("/")
         if name.startswith("static/"):
             kind = STATIC.get(name.removeprefix("static/"))
             if kind is None or method != "GET":
                 return text_page("404 Not Found", "no such file")
             return Page("200 OK", self._static[name.removeprefix("static/")], kind)
         if name == "login":
-            return self._login(method, form)
+            return self._login(method, form, peer)
         if method != "GET":
             return text_page("405 Method Not Allowed", "the console is read-only")
         if not admitted and not (self.login is not None and self.login.admits(cookie)):
@@ -81,7 +89,11 @@ class Console:
         if name == "":
             return redirect("/console/now")
         self.pages_served += 1
-        values = parse_qs(query, max_num_fields=16)
+        try:
+            values = parse_qs(query, max_num_fields=16)
+        except ValueError:
+            return text_page("400 Bad Request", "at most 16 query parameters")
+        name = name if name.startswith("decisions/") else name.rstrip("/")
         if name == "now":
             return await self._now()
         if name == "decisions":
@@ -92,21 +104,21 @@ class Console:
             return await self._telemetry_page(name, values)
         return text_page("404 Not Found", "no such console page; try /console/now")
 
-    def _login(self, method: str, form: bytes | None) -> Page:
+    def _login(self, method: str, form: bytes | None, peer: str) -> Page:
         if self.login is None:  # on loopback without a token there is nothing to log in to
             return redirect("/console/now")
         if method == "POST":
-            cookie = self.login.attempt(form or b"")
+            cookie = self.login.attempt(form or b"", peer)
             if cookie is not None:
                 return redirect("/console/now", ("set-cookie", cookie))
-            status = "429 Too Many Requests" if self.login.locked else "401 Unauthorized"
-            return self._page(status, "login", "Log in", _login_form(
-                "too many failed logins: wait a minute" if self.login.locked
-                else "that is not the admin token"), refresh=False)
-        return self._page("200 OK", "login", "Log in", _login_form(None), refresh=False)
+            locked = self.login.locked(peer)
+            return self._page("429 Too Many Requests" if locked else "401 Unauthorized",
+                              "login", "Log in", _login_form(
+                                  "too many failed logins from this address: wait a minute"
+                                  if locked else "that is not the admin token"), refresh=0)
+        return self._page("200 OK", "login", "Log in", _login_form(None), refresh=0)
 
-    def _page(self, status: str, page: str, title: str, main: str,
-              refresh: bool = True) -> Page:
+    def _page(self, status: str, page: str, title: str, main: str, refresh: int = 5) -> Page:
         return Page(status, layout(page, title, main, self._clock(), refresh).encode())
 
     async def _now(self) -> Page:
@@ -127,7 +139,7 @@ class Console:
         entry = self._sources.ring.get(request_id)
         main = await asyncio.to_thread(decisions_page.render_detail, entry, request_id)
         return self._page("200 OK" if entry else "404 Not Found", "decisions", "Decision", main,
-                          refresh=False)
+                          refresh=0)
 
     async def _telemetry_page(self, name: str, values: dict[str, list[str]]) -> Page:
         runtime = self._sources.runtime()
@@ -154,10 +166,11 @@ class Console:
         if name == "usage":
             main = await asyncio.to_thread(usage_page.render, period, found, problem, quotas,
                                            groups, callers)
-            return self._page("200 OK", "usage", "Usage and cost", main)
+            return self._page("200 OK", "usage", "Usage and cost", main, TELEMETRY_REFRESH_S)
         main = await asyncio.to_thread(errors_page.render, period, found, problem, groups,
                                        callers)
-        return self._page("200 OK", "errors", "Fallbacks and errors", main)
+        return self._page("200 OK", "errors", "Fallbacks and errors", main,
+                          TELEMETRY_REFRESH_S)
 
     async def _read(self, page: str, period: Period,
                     read: Callable[[Database, Period], Any]) -> tuple[Any, str | None]:
@@ -168,20 +181,23 @@ class Console:
         key = (page, period.name, period.filters.group or "", period.filters.caller or "")
         async with self._reading:  # one database read at a time
             reused = self._reused.get(key)
-            if reused is not None and self._clock() - reused[0] < REUSE_SECONDS:
-                return reused[1], None
+            if reused is not None and self._monotonic() - reused[0] < REUSE_SECONDS:
+                return reused[1]
             try:
-                found = await asyncio.to_thread(_read_only, settings, read, period)
+                found: tuple[Any, str | None] = (
+                    await asyncio.to_thread(_read_only, settings, read, period), None)
             except ReportTooLong as exc:
-                return None, (f"this period holds too many rows to read here ({exc}): "
-                              "choose a shorter period, or run `sidecar report`")
+                found = (None, f"this period holds too many rows to read here ({exc}): "
+                               "choose a shorter period, or run `sidecar report`")
             except Exception as exc:  # the database is away: say so, never its DSN
-                return None, f"telemetry database unavailable ({type(exc).__name__})"
-            self._reused[key] = (self._clock(), found)
+                found = (None, f"the telemetry read failed ({type(exc).__name__})")
+            # A failure is kept as long as an answer: a refreshing tab must not start a
+            # long read again and again.
+            self._reused[key] = (self._monotonic(), found)
             self._reused.move_to_end(key)
             while len(self._reused) > REUSED_ENTRIES:
                 self._reused.popitem(last=False)
-            return found, None
+            return found
 
 
 def _read_only(settings: Telemetry, read: Callable[[Database, Period], Any],

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from sidecar.observe.attempts import Transition
+from sidecar.observe.records import Outcome, request_failed
 from sidecar.routing.decision import Decision, NoEligibleTarget
 from sidecar.routing.trace import DecisionTrace
 from sidecar.telemetry.results import RequestResult
@@ -21,9 +22,15 @@ from sidecar.telemetry.results import RequestResult
 CAPACITY = 2_000
 MAX_ATTEMPTS = 8
 
-# A decision's outcome, as the console filters it.
-PENDING, SERVED, FALLBACK, FAILED, REFUSED = "pending", "served", "fallback", "failed", "refused"
-OUTCOMES = (PENDING, SERVED, FALLBACK, FAILED, REFUSED)
+MAX_ID_CHARS = 128  # Envoy's request id is a UUID; a caller may send a longer one
+
+# A decision's outcome, as the console filters it: `failed` by the rule the canary guards
+# and reports use (observe/records.request_failed: a caller's hang-up, its own 4xx and a
+# prompt too long for the window are not the target's failures); `cancelled` the caller
+# hung up; `hedged` another target of the decision answered first, nothing failed.
+PENDING, SERVED, FALLBACK, HEDGED, CANCELLED, FAILED, REFUSED = (
+    "pending", "served", "fallback", "hedged", "cancelled", "failed", "refused")
+OUTCOMES = (PENDING, SERVED, FALLBACK, HEDGED, CANCELLED, FAILED, REFUSED)
 
 
 @dataclass(slots=True)
@@ -49,10 +56,14 @@ class RecentDecision:
             return REFUSED
         if self.status is None:
             return PENDING
-        if self.status >= 400 or self.error_class not in (None, "ok"):
+        if request_failed(self.status, self.error_class):
             return FAILED
-        if self.failed_attempts or (self.served_by not in (None, self.primary)):
+        if self.error_class == Outcome.CLIENT_CANCEL:
+            return CANCELLED
+        if self.failed_attempts:
             return FALLBACK
+        if self.served_by not in (None, self.primary):
+            return HEDGED
         return SERVED
 
 
@@ -69,7 +80,7 @@ class DecisionRing:
 
     def decided(self, request_id: str, at: float, caller: str,
                 decision: Decision | NoEligibleTarget) -> None:
-        if not request_id:
+        if not request_id or len(request_id) > MAX_ID_CHARS:
             return
         if isinstance(decision, Decision):
             entry = RecentDecision(request_id, at, caller, decision.group, decision.trace,

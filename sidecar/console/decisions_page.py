@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from sidecar.console.decision_ring import OUTCOMES, RecentDecision
 from sidecar.console.html import (
@@ -21,8 +22,8 @@ from sidecar.console.html import (
 )
 
 SHOWN = 200  # rows on the page; the ring holds more, the filters reach them all
-_OUTCOME_BADGE = {"served": "good", "fallback": "warn", "failed": "bad", "refused": "bad",
-                  "pending": "info"}
+_OUTCOME_BADGE = {"served": "good", "fallback": "warn", "hedged": "info", "cancelled": "info",
+                  "failed": "bad", "refused": "bad", "pending": "info"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def render_list(recent: list[RecentDecision], filters: DecisionFilters, held: in
     for entry in kept[:SHOWN]:
         outcome = entry.outcome
         rows.append([
-            link(f"/console/decisions/{entry.request_id}", clock(entry.at)),
+            link(decision_path(entry.request_id), clock(entry.at)),
             esc(entry.group), esc(entry.caller), esc(entry.trace.canary or ""),
             esc(entry.primary or "–"), esc(entry.served_by or "–"),
             badge(outcome, _OUTCOME_BADGE[outcome]), esc(entry.trace.complexity or "–"),
@@ -79,6 +80,12 @@ def render_list(recent: list[RecentDecision], filters: DecisionFilters, held: in
                      "outcome", "complexity", "why the primary", "affinity", "latency",
                      "first byte"], rows, caption="recent decisions", numeric_from=10,
                     raw=True, css="decisions"))
+
+
+def decision_path(request_id: str) -> str:
+    """The explain view's address: the id quoted whole (a caller may send its own
+    `x-request-id`, with `/`, `?` or `%` in it)."""
+    return "/console/decisions/" + quote(request_id, safe="")
 
 
 def _why_primary(entry: RecentDecision) -> str:

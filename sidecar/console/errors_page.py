@@ -19,6 +19,9 @@ def render(period: Period, found: dict[str, Any] | None, problem: str | None,
              period_form("/console/errors", period, groups, callers)]
     if problem is not None:
         parts.append(f'<p class="problem" role="alert">{esc(problem)}</p>')
+    if found is not None and period.filters.caller is not None:
+        parts.append('<p class="note">fallback transitions, shadow policies and shadow '
+                     "traffic are not kept per caller: those parts show every caller</p>")
     if found is not None:
         parts += [_fallbacks(found), _errors(found), _shadow(found["shadow"]),
                   _canaries(found["canary"]), _mirrors(found["shadow_traffic"])]
@@ -72,7 +75,7 @@ def _shadow(rows: list[dict[str, Any]]) -> str:
     return ("<h2>Shadow policies against the live ones</h2>"
             + table(headers, [[_cell(row[h]) for h in headers] for row in rows],
                     caption="shadow policies (the decisions report's shadow part)",
-                    numeric_from=2))
+                    numeric_from=len(headers)))
 
 
 def _canaries(canary: dict[str, list[dict[str, Any]]]) -> str:
@@ -99,7 +102,8 @@ def _mirrors(rows: list[dict[str, Any]]) -> str:
     headers = list(rows[0])
     return ("<h2>Shadow traffic</h2>"
             + table(headers, [[_cell(row[h]) for h in headers] for row in rows],
-                    caption="mirrored candidates beside the live answers", numeric_from=2))
+                    caption="mirrored candidates beside the live answers",
+                    numeric_from=len(headers)))
 
 
 def _cell(value: Any) -> str:

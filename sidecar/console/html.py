@@ -100,13 +100,13 @@ def options(name: str, label: str, values: Iterable[str], chosen: str | None,
             "</select></label>")
 
 
-def layout(page: str, title: str, main: str, generated_at: float, refresh: bool = True) -> str:
-    """The whole document: navigation, the page's `main` (which the script swaps on each
-    refresh), and the moment its figures were read."""
+def layout(page: str, title: str, main: str, generated_at: float, refresh: int = 5) -> str:
+    """The whole document: navigation, the page's `main` (which the script swaps every
+    `refresh` seconds; 0: never), and the moment its figures were read."""
     current = ' aria-current="page"'
     nav = "".join(f'<a href="/console/{key}"{current if key == page else ""}>{esc(text)}</a>'
                   for key, text in PAGES)
-    auto = ' data-refresh="5"' if refresh else ""
+    auto = f' data-refresh="{int(refresh)}"' if refresh else ""
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

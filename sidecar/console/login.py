@@ -1,12 +1,17 @@
 """The console's login for browsers (docs/console.md §Access).
 
-A browser cannot send `authorization: Bearer` on a navigation, so beyond loopback the
-console takes the admin token once, in a form POST (never a query parameter: it would
-land in history and proxy logs), and answers with a cookie that holds an expiry and an
-HMAC of it under a key drawn at start. The token itself is never in the cookie, the key
-never leaves the process (a restart logs everyone out), and cookies are checked in
-constant time. Failed logins are limited: `MAX_FAILURES` a minute for the whole endpoint,
-then every login is refused until the minute ends (one peer cannot guess at speed).
+A browser cannot send `authorization: Bearer` on a navigation, so where the admin
+endpoint has a token the console takes it once, in a form POST (never a query parameter:
+it would land in history and proxy logs), and answers with a cookie that holds an expiry
+and an HMAC of it under a key drawn at start. The token itself is never in the cookie,
+the key never leaves the process (a restart logs everyone out), and cookies are checked
+in constant time. The cookie's name carries the endpoint's port: browsers keep cookies by
+host, not port, so two sidecars on one host (two port-forwards) keep a session each.
+
+Failed logins are limited per peer address: `MAX_FAILURES` a minute, then that address's
+logins are refused until the minute ends (a peer cannot guess at speed, and a peer that
+guesses cannot lock out another address). At most `MAX_PEERS` addresses are remembered
+(the oldest forgotten first).
 """
 
 from __future__ import annotations
@@ -15,26 +20,29 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
-COOKIE = "sidecar_console"
 SESSION_SECONDS = 8 * 3600
 MAX_FAILURES = 10
+MAX_PEERS = 1024
 MAX_FORM_BYTES = 4096
 
 
 class ConsoleLogin:
-    def __init__(self, token: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, token: str, port: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         self._token = token.encode()
         self._key = secrets.token_bytes(32)
         self._clock = clock
-        self._failures: tuple[int, int] = (0, 0)  # (minute, failures in it)
+        self.cookie_name = f"sidecar_console_{port}"
+        # peer address → (minute, failures in it)
+        self._failures: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
-    def attempt(self, form: bytes) -> str | None:
+    def attempt(self, form: bytes, peer: str = "") -> str | None:
         """The `set-cookie` value for a form holding the right token; None otherwise."""
-        minute = int(self._clock() // 60)
-        if self._failures[0] == minute and self._failures[1] >= MAX_FAILURES:
+        if self.locked(peer):
             return None
         try:
             values = parse_qs(form.decode("utf-8"), max_num_fields=4)
@@ -42,31 +50,38 @@ class ConsoleLogin:
             values = {}
         given = (values.get("token") or [""])[0].encode()
         if not hmac.compare_digest(given, self._token):
-            count = self._failures[1] + 1 if self._failures[0] == minute else 1
-            self._failures = (minute, count)
+            self._failed(peer)
             return None
         expiry = int(self._clock()) + SESSION_SECONDS
-        return (f"{COOKIE}={expiry}.{self._sign(expiry)}; Path=/console; HttpOnly; "
+        return (f"{self.cookie_name}={expiry}.{self._sign(expiry)}; Path=/console; HttpOnly; "
                 f"SameSite=Strict; Max-Age={SESSION_SECONDS}")
 
-    @property
-    def locked(self) -> bool:
+    def locked(self, peer: str = "") -> bool:
+        minute, failures = self._failures.get(peer, (-1, 0))
+        return minute == int(self._clock() // 60) and failures >= MAX_FAILURES
+
+    def _failed(self, peer: str) -> None:
         minute = int(self._clock() // 60)
-        return self._failures[0] == minute and self._failures[1] >= MAX_FAILURES
+        last, failures = self._failures.pop(peer, (minute, 0))
+        self._failures[peer] = (minute, failures + 1 if last == minute else 1)
+        while len(self._failures) > MAX_PEERS:
+            self._failures.popitem(last=False)
 
     def admits(self, cookie_header: bytes | None) -> bool:
+        """Whether any of the request's cookies of this endpoint's name is a valid session."""
         if not cookie_header:
             return False
         for part in cookie_header.decode("latin-1").split(";"):
             name, _, value = part.strip().partition("=")
-            if name != COOKIE:
+            if name != self.cookie_name:
                 continue
             expiry, _, mac = value.partition(".")
             if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 12):
-                return False
+                continue
             if int(expiry) < self._clock():
-                return False
-            return hmac.compare_digest(mac.encode(), self._sign(int(expiry)).encode())
+                continue
+            if hmac.compare_digest(mac.encode(), self._sign(int(expiry)).encode()):
+                return True
         return False
 
     def _sign(self, expiry: int) -> str:

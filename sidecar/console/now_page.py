@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sidecar.config.models import ModelGroup, SidecarConfig
 from sidecar.console.decision_ring import RecentDecision
+from sidecar.console.decisions_page import decision_path
 from sidecar.console.html import badge, clock, esc, link, number, percent, table
 from sidecar.console.svg import bar_chart
 from sidecar.observe.store import ObservationStore
@@ -69,8 +70,8 @@ def gather(config: SidecarConfig, router: Router, store: ObservationStore,
             health, left = Health.IN, None
             if ejections is not None:
                 health = ejections.health(label, ejections.now())
-                if health is Health.EJECTED:
-                    left = ejections.ejected_until(label) - ejections.now()
+                if health is Health.EJECTED:  # until its time is up, or its probe hold
+                    left = max(0.0, ejections.ejected_until(label) - ejections.now())
             targets.append(TargetNow(label, float(target.weight), summary.figures,
                                      dict(summary.outcomes), str(health), left,
                                      store.retry_after_s(label)))
@@ -108,6 +109,8 @@ def _fleet(fleet: dict[str, float] | None) -> str:
     up = fleet.get("fleet_up", 0.0) >= 1.0
     age = fleet.get("fleet_merge_age_seconds")
     state = badge("up" if up else "down", "good" if up else "bad")
+    if age is not None and age > 1e8:  # no merge yet (its time is the epoch)
+        return f'<p class="note">fleet sharing: {state} · no merge yet</p>'
     return (f'<p class="note">fleet sharing: {state}'
             f" · last merge {esc(number(age, 1, ' s'))} ago</p>")
 
@@ -144,14 +147,13 @@ def _group(group: GroupNow, now: float) -> str:
         facts.append(f"canary {esc(group.canary)}")
     rows = []
     bars = []
-    latest = group.recent[0] if group.recent else None
     for target in group.targets:
         weight_share = target.weight / total_weight
         now_share = picked.get(target.label, 0) / count if count else None
         bars.append((target.label, [weight_share * 100, (now_share or 0.0) * 100]))
         f = target.figures
         rows.append([
-            esc(target.label), _state(target, group, latest),
+            esc(target.label), _state(target, group),
             esc(percent(weight_share)), esc(percent(now_share)),
             esc(percent(served.get(target.label, 0) / count if count else None)),
             esc(number(f.count)), esc(number(f.p95_latency_ms, 0, " ms")),
@@ -176,10 +178,12 @@ def _group(group: GroupNow, now: float) -> str:
             + _why(group) + "</section>")
 
 
-def _state(target: TargetNow, group: GroupNow, latest: RecentDecision | None) -> str:
+def _state(target: TargetNow, group: GroupNow) -> str:
     parts = []
     if target.health == "ejected":
-        parts.append(badge(f"ejected {number(target.ejected_for_s, 0, ' s')} more", "bad"))
+        parts.append(badge(f"ejected {number(target.ejected_for_s, 0, ' s')} more"
+                           if target.ejected_for_s else "ejected (probes held back: the "
+                           "group's probe share is spent)", "bad"))
     elif target.health == "probing":
         parts.append(badge("probing", "warn"))
     else:
@@ -226,7 +230,7 @@ def _why(group: GroupNow) -> str:
             + f" · cold start {esc(trace.cold_start or '–')}"
             + (f" · excluded: {esc(out)}" if out else "")
             + f" · last at {esc(clock(entry.at))} · "
-            + link(f"/console/decisions/{entry.request_id}", "explain this decision") + "</p>")
+            + link(decision_path(entry.request_id), "explain this decision") + "</p>")
         sections.append(table(["candidate", "state", "observations",
                                *(name.removesuffix("_score") for name in score_names),
                                "term value", "blend share", "odds"], rows,

@@ -2,10 +2,14 @@
 `sidecar report` runs (telemetry/reports.py and its canary, shadow and mirror parts), so a
 figure on a page is the report's figure.
 
-Bounded: the period is one of `PERIODS` (at most 7 days), each read stops after
-`MAX_READ_SECONDS` (ReportTooLong: the page says so and names the CLI), the series have at
-most `PERIODS`' points. Runs on a worker thread with a read-only connection
-(console/pages.py), never on the event loop.
+Bounded: the period is one of `PERIODS` (at most 7 days); the read of the period's
+request rows stops after `MAX_READ_SECONDS` (ReportTooLong: the page says so and names
+the CLI); the errors page's other parts read the smaller tables (fallback transitions,
+canary events, shadow rows) and the canary rows of the period, unbounded in time but by
+the period; the series have at most about 30 points. Runs on a worker thread with a
+read-only connection (console/app.py), never on the event loop. On PostgreSQL a read is
+transferred whole before it is aggregated, so the bound there is the server's
+`statement_timeout` (telemetry/postgres.py).
 """
 
 from __future__ import annotations

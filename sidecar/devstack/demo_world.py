@@ -39,8 +39,9 @@ STEADY: dict[str, Behaviour] = {
 
 @dataclass(frozen=True)
 class Drift:
-    """From `start_s` to `end_s` of every `period_s` (seconds since the demo began),
-    `provider` answers `slowdown` times slower and fails `error_rate` of its requests."""
+    """From `start_s` to `end_s` (seconds since the demo began), and again every
+    `period_s` after, `provider` answers `slowdown` times slower and fails `error_rate`
+    of its requests."""
 
     provider: str = "baseten"
     start_s: float = 60.0
@@ -50,8 +51,9 @@ class Drift:
     error_rate: float = 0.4
 
     def active(self, elapsed_s: float) -> bool:
-        at = elapsed_s % self.period_s
-        return self.start_s <= at < self.end_s
+        if elapsed_s < self.start_s:
+            return False
+        return (elapsed_s - self.start_s) % self.period_s < self.end_s - self.start_s
 
     def behaviour(self, steady: Behaviour) -> Behaviour:
         rate = steady.tokens_per_s / self.slowdown if steady.tokens_per_s else None

@@ -70,6 +70,7 @@ class StackOptions:
     # demo_traffic.py): with the demo configuration, unless --no-demo-traffic.
     demo_traffic: bool = True
     demo_drift_after_s: float = demo_world.DEMO_DRIFT.start_s
+    demo_rate_per_s: float = 3.0
 
     @property
     def demo_world(self) -> bool:
@@ -145,7 +146,8 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
         f"-H 'content-type: application/json' -d '{body}'",
     ]
     if options.demo_world:
-        lines.append("demo traffic: a few requests a second; baseten slows down and fails "
+        lines.append(f"demo traffic: {options.demo_rate_per_s:g} requests a second; baseten "
+                     "slows down and fails "
                      f"for 2 minutes every 10, from {options.demo_drift_after_s:g} s on "
                      "(--no-demo-traffic for a quiet demo)")
     lines += _see_what_it_did(config, options, files)
@@ -251,7 +253,8 @@ async def run_stack(options: StackOptions) -> int:
                                      end_s=options.demo_drift_after_s + 120)
             world = [asyncio.ensure_future(demo_world.run_drift(providers, drift)),
                      asyncio.ensure_future(DemoTraffic(
-                         f"http://{options.addresses.listen}", options.demo_token).run())]
+                         f"http://{options.addresses.listen}", options.demo_token,
+                         options.demo_rate_per_s).run())]
         envoy_exit = loop.run_in_executor(None, envoy.wait)
         await asyncio.wait([envoy_exit, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not stopped.done():

@@ -69,6 +69,17 @@ def check_exposure(host: str, token: str | None) -> None:
                          "give it a token with --admin-token-file, or bind it to 127.0.0.1")
 
 
+def _loopback_host(host_header: bytes) -> bool:
+    """A Host header naming a loopback address (any port), as a browser on this host
+    sends it."""
+    host = host_header.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        host = host[1:host.find("]")] if "]" in host else host
+    else:
+        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return is_loopback(host)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -79,7 +90,7 @@ def is_loopback(host: str) -> bool:
 
 
 MAX_CONNECTIONS = 64
-_KEPT_HEADERS = (b"authorization", b"cookie", b"content-length")
+_KEPT_HEADERS = (b"authorization", b"cookie", b"content-length", b"host")
 HEAD_TIMEOUT = 2.0
 HEALTHZ_SPARE = 8
 HEALTHZ_HEAD_TIMEOUT = 0.5
@@ -139,7 +150,9 @@ class AdminServer:
             line, head = await asyncio.wait_for(self._read_head(reader), HEAD_TIMEOUT)
             try:
                 if line.split(b" ")[1:2] and line.split(b" ")[1].startswith(b"/console"):
-                    page = await self._console(line.decode("latin-1"), head, reader)
+                    peer = writer.get_extra_info("peername")
+                    page = await self._console(line.decode("latin-1"), head, reader,
+                                               str(peer[0]) if peer else "")
                     writer.write(page.head().encode() + page.body)
                     await writer.drain()
                     return
@@ -202,7 +215,7 @@ class AdminServer:
         return line, kept
 
     async def _console(self, request_line: str, head: dict[bytes, bytes],
-                       reader: asyncio.StreamReader) -> Page:
+                       reader: asyncio.StreamReader, peer: str) -> Page:
         """`/console/…` (console/app.py): the bearer token, or the console's login cookie
         beyond loopback; a login form's body (at most MAX_FORM_BYTES) read within the
         head's time."""
@@ -210,6 +223,11 @@ class AdminServer:
         if self.console is None:
             return text_page("404 Not Found", "the console is not served by this process")
         method, url = parts[0], urlsplit(parts[1])
+        if self._token is None and not _loopback_host(head.get(b"host", b"")):
+            # Without a token only loopback is served; a page of another site whose name
+            # was re-pointed at 127.0.0.1 (DNS rebinding) sends its own name as Host.
+            return text_page("421 Misdirected Request", "this console answers only to a "
+                             "loopback address (127.0.0.1, [::1], localhost) without a token")
         authorization = head.get(b"authorization")
         admitted = self._token is None or (
             authorization is not None and hmac.compare_digest(authorization, self._token))
@@ -220,7 +238,7 @@ class AdminServer:
                 return text_page("413 Content Too Large", "a login form is a few bytes")
             form = await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
         return await self.console.answer(method, url.path, url.query, admitted,
-                                         head.get(b"cookie"), form)
+                                         head.get(b"cookie"), form, peer)
 
     async def _dispatch(self, request_line: str,
                         authorization: bytes | None) -> tuple[str, object]:

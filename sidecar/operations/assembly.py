@@ -230,7 +230,7 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     admin.console = Console(ConsoleSources(
         lambda: gateway.runtime, store, ring, quotas,
         fleet.gauges if fleet is not None else None,
-        config.telemetry if telemetry is not None else None), admin_token)
+        config.telemetry if telemetry is not None else None), admin_token, port)
     try:
         await admin.start()
     except OSError as exc:

@@ -84,17 +84,18 @@ class DecisionTrace:
 
     @property
     def candidates(self) -> list[CandidateTrace]:
-        if callable(self._candidates):
-            self._candidates = self._candidates(None)
-        return self._candidates
+        # Read once: the console builds rows on worker threads, two may build at once.
+        rows = self._candidates
+        if callable(rows):
+            rows = rows(None)
+            self._candidates = rows
+        return rows
 
     def candidate(self, target: str) -> CandidateTrace | None:
         """One candidate's row, without building the others' (a telemetry row needs only
         the selected target's)."""
-        if callable(self._candidates):
-            rows = self._candidates(target)
-        else:
-            rows = [c for c in self._candidates if c.target == target]
+        built = self._candidates
+        rows = built(target) if callable(built) else [c for c in built if c.target == target]
         return rows[0] if rows else None
 
     def figures(self, target: str) -> Figures | None:

@@ -94,7 +94,7 @@ def report_views(db: Database, kind: str, filters: Filters, views: dict[str, Vie
     parts: dict[tuple[str, ...], Aggregate] = {}
     with db.transaction() as cursor:
         expired = _expired_days(cursor, filters)
-        columns = "*" if decisions else USAGE_COLUMNS
+        columns = "*" if decisions or not _has_usage_columns(cursor) else USAGE_COLUMNS
         for read, row in enumerate(_raw(cursor, db, "request_rows", "started_at", filters,
                                         columns)):
             if deadline is not None and not read % _BATCH and time.monotonic() > deadline:
@@ -118,6 +118,14 @@ def report_views(db: Database, kind: str, filters: Filters, views: dict[str, Vie
             totals.setdefault(key[index], Aggregate()).merge(part)
         documents[name] = [entry(name, key, total) for key, total in sorted(totals.items())]
     return documents
+
+
+def _has_usage_columns(cursor: Any) -> bool:
+    """Whether `request_rows` has every column of USAGE_COLUMNS (a database written by an
+    older version, read without migrating, may lack some: then every column is read)."""
+    cursor.execute("SELECT * FROM request_rows WHERE 1 = 0")
+    names = {d[0] for d in cursor.description}
+    return all(column.strip() in names for column in USAGE_COLUMNS.split(","))
 
 
 def view_key(by: str) -> ViewKey:

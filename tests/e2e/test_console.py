@@ -113,7 +113,7 @@ def colour_count(image: Path, rgb: tuple[int, int, int]) -> int:
 
 
 def test_the_demo_shows_the_router_at_work_within_the_first_minute(tmp_path: Path) -> None:
-    up = UpProcess(["--demo-port", "0", "--demo-drift-after", "2"],
+    up = UpProcess(["--demo-port", "0", "--demo-drift-after", "2", "--demo-traffic-rate", "10"],
                    env={"XDG_STATE_HOME": str(tmp_path / "state")},
                    log_path=tmp_path / "up.log")
     with up.running():

@@ -17,6 +17,9 @@ def test_the_drift_slows_and_fails_one_provider_then_it_recovers() -> None:
                   error_rate=0.5)
     assert [drift.active(t) for t in (0, 9.9, 10, 39, 40, 110, 150)] == [
         False, False, True, True, False, True, False]
+    late = Drift(start_s=650, end_s=770, period_s=600)  # starts after the first period
+    assert [late.active(t) for t in (100, 649, 650, 769, 770, 1250, 1371)] == [
+        False, False, True, True, False, True, False]
     server = demo_provider_server("127.0.0.1", 0, None)
     steady(server)
     latencies = {name: p.behaviour.latency_s for name, p in server.providers.items()}

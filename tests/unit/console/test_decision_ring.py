@@ -38,6 +38,29 @@ def test_bounded_newest_first_and_told_how_each_ended() -> None:
     ring.finished(RequestResult("gone", 200, "p/a", 1, "ok"))  # evicted: ignored
 
 
+def test_outcomes_follow_the_failure_rule_of_the_reports() -> None:
+    """observe/records.request_failed: a hang-up, the caller's own 4xx and a prompt too
+    long for the window are not failures; another target answering without a failure is a
+    hedge, not a fallback."""
+    cfg = config(GROUP)
+    ring = DecisionRing()
+    ends = {"cancel": RequestResult("cancel", 0, None, 1, "client_cancel"),
+            "own_4xx": RequestResult("own_4xx", 400, "p/a", 1, "client_error"),
+            "window": RequestResult("window", 400, "p/a", 1, "context_window"),
+            "timeout": RequestResult("timeout", 504, "p/a", 1, "upstream_timeout")}
+    for request_id, result in ends.items():
+        ring.decided(request_id, 1.0, "team", decide(cfg, request()))
+        ring.finished(result)
+    assert {k: ring.get(k).outcome for k in ends} == {
+        "cancel": "cancelled", "own_4xx": "served", "window": "served", "timeout": "failed"}
+    ring.decided("hedge", 1.0, "team", decide(cfg, request()))
+    other = "q/b" if ring.get("hedge").primary == "p/a" else "p/a"
+    ring.finished(RequestResult("hedge", 200, other, 2, "ok"))
+    assert ring.get("hedge").outcome == "hedged"
+    ring.decided("x" * 129, 1.0, "team", decide(cfg, request()))  # longer than any UUID
+    assert not ring.wants("x" * 129)
+
+
 def test_a_refusal_and_the_attempts_kept_are_bounded() -> None:
     cfg = config("""
   g:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sidecar.console.login import MAX_FAILURES, SESSION_SECONDS, ConsoleLogin
+from sidecar.console.login import MAX_FAILURES, MAX_PEERS, SESSION_SECONDS, ConsoleLogin
 from tests.clock import ManualClock
 
 TOKEN = "admin-token-0123456789-0123456789"
@@ -41,13 +41,33 @@ def test_forged_cookies_and_another_process_cookies_are_refused() -> None:
     assert not login.admits(None)
 
 
-def test_wrong_tokens_are_limited_a_minute() -> None:
+def test_wrong_tokens_are_limited_a_minute_per_address() -> None:
     clock = ManualClock(600.0)
     login = ConsoleLogin(TOKEN, clock=clock)
     for _ in range(MAX_FAILURES):
-        assert login.attempt(b"token=guess") is None
-    assert login.locked
-    assert login.attempt(f"token={TOKEN}".encode()) is None  # even the right one, for now
+        assert login.attempt(b"token=guess", "10.0.0.9") is None
+    assert login.locked("10.0.0.9")
+    # That address waits, even with the right token; another address is not locked out.
+    assert login.attempt(f"token={TOKEN}".encode(), "10.0.0.9") is None
+    assert not login.locked("10.0.0.7")
+    assert login.attempt(f"token={TOKEN}".encode(), "10.0.0.7") is not None
     clock.now += 60
-    assert not login.locked and login.attempt(f"token={TOKEN}".encode()) is not None
+    assert not login.locked("10.0.0.9")
+    assert login.attempt(f"token={TOKEN}".encode(), "10.0.0.9") is not None
     assert login.attempt(b"\xff\xfe") is None and login.attempt(b"") is None
+
+
+def test_the_addresses_remembered_are_bounded() -> None:
+    login = ConsoleLogin(TOKEN)
+    for n in range(MAX_PEERS + 50):
+        login.attempt(b"token=guess", f"peer-{n}")
+    assert len(login._failures) == MAX_PEERS
+
+
+def test_two_endpoints_on_one_host_keep_a_session_each() -> None:
+    """Browsers keep cookies by host, not port: the name carries the port."""
+    first, second = ConsoleLogin(TOKEN, 50052), ConsoleLogin(TOKEN, 50053)
+    both = (cookie_of(first.attempt(f"token={TOKEN}".encode())) + b"; "
+            + cookie_of(second.attempt(f"token={TOKEN}".encode())))
+    assert first.admits(both) and second.admits(both)
+    assert first.cookie_name != second.cookie_name

@@ -10,6 +10,7 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import quote
 
 from sidecar.commands.report import csv_text, filters_for, report_document
 from sidecar.config.service_settings import Telemetry
@@ -96,7 +97,8 @@ async def get(server: AdminServer, path: str, headers: str = "", method: str = "
               body: bytes = b"") -> tuple[int, dict[str, str], str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     length = f"content-length: {len(body)}\r\n" if method == "POST" else ""
-    writer.write(f"{method} {path} HTTP/1.1\r\nhost: x\r\n{headers}{length}\r\n".encode() + body)
+    host = "" if "host:" in headers else "host: 127.0.0.1\r\n"
+    writer.write(f"{method} {path} HTTP/1.1\r\n{host}{headers}{length}\r\n".encode() + body)
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 20)
     writer.close()
@@ -149,6 +151,29 @@ def test_every_page_on_loopback_is_safe_markup_with_strict_headers(tmp_path: Pat
             assert status == 200 and headers["content-security-policy"]
         assert (await get(server, "/console/static/../admin.py"))[0] == 404
         assert (await get(server, "/console/now", method="POST"))[0] == 405
+        many = "&".join(f"k{n}=1" for n in range(20))
+        assert (await get(server, f"/console/decisions?{many}"))[0] == 400
+        # Without a token, only a loopback name as Host: not a rebound name of another site.
+        for host in ("evil.example", "evil.example:50052", "10.0.0.1"):
+            assert (await get(server, "/console/now", f"host: {host}\r\n"))[0] == 421, host
+        for host in ("localhost:50052", "[::1]:50052", "127.0.0.1"):
+            assert (await get(server, "/console/now", f"host: {host}\r\n"))[0] == 200, host
+    run(tmp_path, None, check)
+
+
+def test_a_request_id_of_any_shape_links_to_its_own_decision(tmp_path: Path) -> None:
+    """Envoy keeps a caller's own `x-request-id`: `/`, `?`, `%` or `..` in it must not
+    make its link point anywhere else."""
+    async def check(server: AdminServer) -> None:
+        ring = server.console._sources.ring
+        cfg = config(GROUP)
+        odd = "../../observations?x=%41/b"
+        ring.decided(odd, time.time(), "team", Router(cfg).decide(request()))
+        _, _, page = await get(server, "/console/decisions")
+        quoted = "/console/decisions/" + quote(odd, safe="")
+        assert f'href="{quoted}"' in page and "/../" not in quoted  # one segment
+        status, _, detail = await get(server, quoted)
+        assert status == 200 and "&lt;" not in detail.split("request id")[0]
     run(tmp_path, None, check)
 
 
