@@ -1,7 +1,8 @@
 """The soak driver (issue 40, "long runs as a test"): the running stack (soak_stack.py) under
 mixed traffic (soak_traffic.py) for a while, with a quiet phase in the middle longer than
 the gRPC server's idle timeout, `/ready` polled throughout, and the processes sampled: what
-a platform team checks before it leaves a gateway running for months.
+a platform team checks before it leaves a gateway running for months. An operator console
+stays open throughout, refreshing every page every second.
 
 One driver, two users: tests/e2e/test_soak.py (minutes, the gRPC port's timers and Envoy's
 health checks scaled 10x faster by grpcwire/time_scale.py) and bench/soak.py (30 minutes at
@@ -20,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.devstack.soak_stack import SoakStack, rss_mb, soak_stack
-from sidecar.devstack.soak_traffic import ReadyPoller, Tally, describe, run_callers
+from sidecar.devstack.soak_traffic import (
+    ConsolePoller,
+    ReadyPoller,
+    Tally,
+    describe,
+    run_callers,
+)
 from sidecar.grpcwire.limits import ServerLimits
 from sidecar.grpcwire.time_scale import scaled_limits
 
@@ -44,6 +51,7 @@ class SoakPlan:
     pause_s: float = 0.05  # between two requests of one caller
     sample_every_s: float = 10.0
     ready_every_s: float = 0.2
+    console_every_s: float = 1.0  # an open console's refresh (all its pages)
 
     @property
     def limits(self) -> ServerLimits:
@@ -86,6 +94,8 @@ class SoakReport:
     envoy_end: dict[str, int] = field(default_factory=dict)
     findings: list[LogFinding] = field(default_factory=list)
     health_checks: int = 0
+    console_pages: int = 0
+    console_failures: Counter[str] = field(default_factory=Counter)
 
     @property
     def unexplained(self) -> list[LogFinding]:
@@ -104,6 +114,7 @@ class SoakReport:
             "ready": {"polls": self.ready_polls, "not_200": dict(self.ready_failures),
                       "first_failures": self.ready_first_failures},
             "health_checks": self.health_checks,
+            "console": {"pages": self.console_pages, "not_200": dict(self.console_failures)},
             "rss_mb": [(round(s.at_s), round(s.sidecar_rss_mb, 1), round(s.envoy_rss_mb, 1))
                        for s in self.samples],
             "grpc_counters_end": self.grpc_end,
@@ -166,7 +177,8 @@ def run_soak(workdir: Path, plan: SoakPlan) -> SoakReport:
         sampler = threading.Thread(target=_sampler, name="soak-sampler", daemon=True,
                                    args=(stack, report, started, plan.sample_every_s, done))
         sampler.start()
-        with ReadyPoller(stack.up.listen_port, plan.ready_every_s) as poller:
+        with ReadyPoller(stack.up.listen_port, plan.ready_every_s) as poller, \
+                ConsolePoller(stack.up.admin_http_port, plan.console_every_s) as console:
             half = plan.seconds / 2
             run_callers(stack.up.base_url, report.tally, half, plan.workers, plan.pause_s)
             time.sleep(plan.quiet_s)  # nothing but /ready and Envoy's health checks
@@ -180,6 +192,8 @@ def run_soak(workdir: Path, plan: SoakPlan) -> SoakReport:
         report.envoy_end = stack.envoy_sidecar_stats()
         report.wall_s = time.monotonic() - started
         report.ready_polls = poller.polls
+        report.console_pages = console.pages
+        report.console_failures = console.failures
         report.ready_failures = poller.not_ready
         report.ready_first_failures = poller.first_failures
         report.health_checks = report.envoy_grew("health_check.attempt")

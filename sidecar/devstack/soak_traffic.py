@@ -292,6 +292,56 @@ class ReadyPoller:
             connection.close()
 
 
+class ConsolePoller:
+    """An operator console left open through the soak (issue 43): every page, and the
+    explain view of the newest decision, fetched every `every_s` from the sidecar's admin
+    endpoint; counts the pages and every answer but 200. Over the run the decision ring
+    fills and wraps many times, and the telemetry pages read a growing store."""
+
+    PAGES = ("now", "decisions", "usage?period=15m", "errors?period=15m")
+
+    def __init__(self, admin_port: int, every_s: float) -> None:
+        self.port, self.every_s = admin_port, every_s
+        self.pages = 0
+        self.failures: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="console-poller", daemon=True)
+
+    def __enter__(self) -> ConsolePoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _get(self, path: str) -> bytes:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        self.pages += 1
+        if response.status != 200:
+            self.failures[f"{path.split('?')[0]} {response.status}"] += 1
+        return body
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                for page in self.PAGES:
+                    body = self._get(f"/console/{page}")
+                    if page == "decisions":
+                        start = body.find(b'href="/console/decisions/')
+                        if start >= 0:
+                            end = body.find(b'"', start + 6)
+                            self._get(body[start + 6:end].decode())
+            except (OSError, http.client.HTTPException) as error:
+                self.failures[type(error).__name__] += 1
+
+
 def describe_answer(response: http.client.HTTPResponse, body: bytes) -> str:
     """A non-200 `/ready` answer as much as tells who gave it: Envoy's health-check filter
     answers with an empty body and `x-envoy-upstream-healthchecked-cluster`, a local reply
