@@ -60,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-http", default=DEFAULT_ADMIN_HTTP, type=host_port,
                     help=f"sidecar admin HTTP endpoint (default: {DEFAULT_ADMIN_HTTP})")
     up.add_argument("--admin-token-file", type=Path, help=ADMIN_TOKEN_HELP)
+    _replay_reports_flag(up)
     _grpc_server_flag(up)
     _drain_flag(up, 10.0, "; ends early once Envoy has no request left")
     up.add_argument("--drain-grace-seconds", type=float, default=2.0,
@@ -89,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--envoy-admin", type=host_port,
                        help="Envoy's admin address: with --xds-dir, a reload waits until "
                             "Envoy has the new clusters before routing to them")
+    _replay_reports_flag(serve)
     _grpc_server_flag(serve)
     _drain_flag(serve, 10.0, "")
     _replica_flag(serve)
@@ -282,6 +284,13 @@ def host_port(value: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
+
+
+def _replay_reports_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replay-reports", type=Path, metavar="DIR",
+                        help="a folder where `sidecar replay --format json --out` reports are "
+                             "written: the console's errors page lists the newest "
+                             "(docs/console.md)")
 
 
 def _replica_flag(parser: argparse.ArgumentParser) -> None:

@@ -98,6 +98,7 @@ def _up(args: argparse.Namespace) -> int:
         demo_traffic=not args.no_demo_traffic,
         demo_drift_after_s=args.demo_drift_after,
         demo_rate_per_s=args.demo_traffic_rate,
+        replay_reports=args.replay_reports,
     )
     try:
         return run_event_loop(run_stack(options))
@@ -126,7 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
         sidecar = await start_sidecar(config, runtime, args.listen, args.admin_http,
                                       args.log_decisions, channel_token=channel_token,
                                       grpc_server=args.grpc_server, admin_token=admin_token,
-                                      shadow_address=args.envoy_shadow)
+                                      shadow_address=args.envoy_shadow,
+                                      replay_reports=args.replay_reports)
         # The provider keys are Envoy's: the sidecar neither reads nor checks them.
         reloader = enable_reload(sidecar, Path(args.config), check_keys=False)
         if args.xds_dir is not None:

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -25,6 +26,7 @@ from sidecar.console import decisions_page, errors_page, now_page, usage_page
 from sidecar.console.decision_ring import DecisionRing
 from sidecar.console.html import esc, layout
 from sidecar.console.login import ConsoleLogin
+from sidecar.console.replay_reports import read_reports
 from sidecar.console.responses import Page, redirect, text_page
 from sidecar.console.telemetry_views import USAGE_VIEWS, Period, errors, usage
 from sidecar.observe.store import ObservationStore
@@ -53,6 +55,8 @@ class ConsoleSources:
     quotas: Quotas | None
     fleet: Callable[[], dict[str, float]] | None
     telemetry: Telemetry | None
+    # Where `sidecar replay --format json` reports are written (--replay-reports), if any.
+    replay_reports: Path | None = None
 
 
 class Console:
@@ -167,8 +171,9 @@ class Console:
             main = await asyncio.to_thread(usage_page.render, period, found, problem, quotas,
                                            groups, callers)
             return self._page("200 OK", "usage", "Usage and cost", main, TELEMETRY_REFRESH_S)
+        replays = await asyncio.to_thread(read_reports, self._sources.replay_reports)
         main = await asyncio.to_thread(errors_page.render, period, found, problem, groups,
-                                       callers)
+                                       callers, replays)
         return self._page("200 OK", "errors", "Fallbacks and errors", main,
                           TELEMETRY_REFRESH_S)
 

@@ -1,20 +1,24 @@
 """The console's Fallbacks and errors page: fallback transitions and error classes over a
 period (and over time), how each group's shadow policy disagreed with the live one, its
 canaries and its shadow traffic: the decisions and fallbacks reports' parts
-(console/telemetry_views.py)."""
+(console/telemetry_views.py); and the replay reports of the operator's folder
+(console/replay_reports.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sidecar.console import replay_reports
 from sidecar.console.html import clock, esc, number, percent, table, usd
+from sidecar.console.replay_reports import ReplayReport
 from sidecar.console.svg import bar_chart, line_chart
 from sidecar.console.telemetry_views import Period
 from sidecar.console.usage_page import period_form, series
 
 
 def render(period: Period, found: dict[str, Any] | None, problem: str | None,
-           groups: list[str], callers: list[str]) -> str:
+           groups: list[str], callers: list[str],
+           replays: list[ReplayReport] | None = None) -> str:
     parts = ["<h1>Fallbacks and errors</h1>",
              period_form("/console/errors", period, groups, callers)]
     if problem is not None:
@@ -25,6 +29,7 @@ def render(period: Period, found: dict[str, Any] | None, problem: str | None,
     if found is not None:
         parts += [_fallbacks(found), _errors(found), _shadow(found["shadow"]),
                   _canaries(found["canary"]), _mirrors(found["shadow_traffic"])]
+    parts.append(replay_reports.render(replays))
     return "".join(parts)
 
 

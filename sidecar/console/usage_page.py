@@ -59,15 +59,17 @@ def period_form(path: str, period: Period, groups: list[str], callers: list[str]
             + '<button type="submit">show</button></form>')
 
 
-def series(rows: list[dict[str, Any]], key: str, column: str, scale: float = 1.0
+def series(rows: list[dict[str, Any]], key: str, column: str, label: str | None = None
            ) -> list[tuple[str, list[tuple[float, float]]]]:
-    """Chart series from a time view's rows (`start` or `start|name` keys)."""
+    """Chart series from a time view's rows (`start` or `start|name` keys); a series of
+    rows without a name is called `label` (the column's name by default)."""
     named: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        start, _, name = str(row[key]).partition("|")
+        start, separator, name = str(row[key]).partition("|")
         value = row.get(column)
         if value is not None:
-            named.setdefault(name or column, []).append((float(start), value * scale))
+            name = name or ("(no target)" if separator else label or column)
+            named.setdefault(name, []).append((float(start), value))
     return sorted(named.items())
 
 
@@ -79,12 +81,14 @@ def _charts(views: dict[str, list[dict[str, Any]]], period: Period) -> str:
             + line_chart(f"requests {step}, by the target that served",
                          series(views["time_target"], "time_target", "requests"), span=span,
                          zero_step=period.step_s)
-            + line_chart(f"cost {step} (USD)", series(views["time"], "time", "cost_usd"),
+            + line_chart(f"cost {step} (USD)",
+                         series(views["time"], "time", "cost_usd", "cost (USD)"),
                          span=span, zero_step=period.step_s)
-            + line_chart(f"latency p95 {step}", series(views["time"], "time",
-                                                       "latency_p95_ms"), unit=" ms",
-                         span=span)
-            + line_chart(f"errors {step}", series(views["time"], "time", "errors"),
+            + line_chart(f"latency p95 {step}",
+                         series(views["time"], "time", "latency_p95_ms", "p95 latency"),
+                         unit=" ms", span=span)
+            + line_chart(f"errors {step}",
+                         series(views["time"], "time", "errors", "requests with an error class"),
                          span=span, zero_step=period.step_s)
             + "</div>")
 

@@ -71,6 +71,7 @@ class StackOptions:
     demo_traffic: bool = True
     demo_drift_after_s: float = demo_world.DEMO_DRIFT.start_s
     demo_rate_per_s: float = 3.0
+    replay_reports: Path | None = None  # the console's folder of replay reports
 
     @property
     def demo_world(self) -> bool:
@@ -232,7 +233,8 @@ async def run_stack(options: StackOptions) -> int:
                                       channel_token=channel_token,
                                       grpc_server=options.grpc_server,
                                       admin_token=options.admin_token,
-                                      shadow_address=options.addresses.shadow)
+                                      shadow_address=options.addresses.shadow,
+                                      replay_reports=options.replay_reports)
         if options.config_path is not None:
             reloader = enable_reload(sidecar, Path(options.config_path))
             reloader.before_swap.append(envoy_follows)

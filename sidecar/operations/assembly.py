@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.cache.caches import ResponseCaches
@@ -134,14 +135,16 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
                         channel_token: str | None = None,
                         grpc_server: str = "own",
                         admin_token: str | None = None,
-                        shadow_address: str | None = None) -> RunningSidecar:
+                        shadow_address: str | None = None,
+                        replay_reports: Path | None = None) -> RunningSidecar:
     """Raises OSError when an address cannot be bound; nothing is left running then.
     With `channel_token`, ext_proc and access-log calls must present it (grpcwire/auth.py);
     without, the gRPC port trusts every peer (only for tests of the port itself).
     `grpc_server`: "own" (sidecar/grpcwire) or "grpcio" (extproc/grpcio_server.py).
     Raises ValueError for an admin address beyond loopback without `admin_token`.
     `shadow_address`: Envoy's shadow listener, where groups' shadow traffic goes (none
-    without it, nor without `channel_token`, which that listener requires)."""
+    without it, nor without `channel_token`, which that listener requires).
+    `replay_reports`: a folder of `sidecar replay --format json` reports for the console."""
     host, port = split_host_port(admin_address)
     check_exposure(host, admin_token)
     store = observation_store(config)
@@ -230,7 +233,8 @@ async def start_sidecar(config: SidecarConfig, runtime: Runtime, grpc_address: s
     admin.console = Console(ConsoleSources(
         lambda: gateway.runtime, store, ring, quotas,
         fleet.gauges if fleet is not None else None,
-        config.telemetry if telemetry is not None else None), admin_token, port)
+        config.telemetry if telemetry is not None else None, replay_reports),
+        admin_token, port)
     try:
         await admin.start()
     except OSError as exc:

@@ -144,3 +144,31 @@ def test_the_html_report_renders_in_a_browser_with_its_charts(logged, tmp_path) 
     blue = sum(n for n, (r, g, b) in colours if (r, g, b) == (0x25, 0x63, 0xEB))
     grey = sum(n for n, (r, g, b) in colours if (r, g, b) == (0x6B, 0x72, 0x80))
     assert blue > 500 and grey > 500  # the candidate's and the logged series are drawn
+
+
+def test_the_console_lists_the_reports_of_its_folder(logged, tmp_path) -> None:
+    """Issue 43: a folder given with --replay-reports: the errors page lists each report's
+    groups with their headline figures (read from the JSON replay wrote), and says what it
+    cannot read instead of failing."""
+    from sidecar.console.replay_reports import MAX_BYTES, read_reports, render
+
+    db, workdir, template = logged
+    folder = tmp_path / "replays"
+    folder.mkdir()
+    slower = candidate(workdir, template, 0, "slower-console.yaml")
+    result = run_replay(slower, db, "--format", "json", "--out", str(folder / "slower.json"),
+                        "--no-progress")
+    assert result.returncode == 0, result.stderr
+    (folder / "broken.json").write_text('{"groups": "no"')
+    (folder / "huge.json").write_bytes(b" " * (MAX_BYTES + 1))
+    (folder / "notes.txt").write_text("not a report")
+    reports = {report.name: report for report in read_reports(folder)}
+    assert set(reports) == {"slower.json", "broken.json", "huge.json"}
+    assert reports["broken.json"].problem and reports["huge.json"].problem
+    [group] = reports["slower.json"].groups
+    page = render(list(reports.values()))
+    assert f"<td class=\"num\">{REQUESTS}</td><td class=\"num\">50.0 %</td>" in page
+    logged_latency = group["estimates"]["latency_ms"]["logged"]["value"]
+    assert f"latency_ms {logged_latency:.4g} → " in page
+    assert "not a `sidecar replay --format json` document" in page
+    assert "no folder of replay reports" in render(None)

@@ -64,9 +64,12 @@ def sidecar_parts(tmp_path: Path, token: str | None) -> AdminServer:
         store.record(Observation(target=label, outcome=Outcome.OK, latency_ms=50.0 + n))
         ring.finished(RequestResult(f"req-{n}", 200, label, 1, "ok", 50.0 + n, 5.0))
     server = AdminServer(store, "127.0.0.1", 0, token=token)
+    replays = tmp_path / "replays"
+    replays.mkdir(exist_ok=True)
+    (replays / f"{HOSTILE}.json").write_text("[]")
     server.console = Console(ConsoleSources(lambda: SimpleNamespace(config=cfg, router=router),
-                                            store, ring, None, None, telemetry(tmp_path)),
-                             token)
+                                            store, ring, None, None, telemetry(tmp_path),
+                                            replays), token)
     return server
 
 
@@ -194,6 +197,7 @@ def test_the_usage_page_and_its_csv_are_the_usage_report(tmp_path: Path) -> None
         assert "server_error 2" in page  # the error classes
         _, _, errors = await get(server, "/console/errors?period=24h")
         assert "timeout" in errors and "<polyline" in errors
+        assert "Replay reports" in errors and "not a `sidecar replay" in errors
     run(tmp_path, None, check)
 
 
