@@ -7,9 +7,9 @@ request rows stops after `MAX_READ_SECONDS` (ReportTooLong: the page says so and
 the CLI); the errors page's other parts read the smaller tables (fallback transitions,
 canary events, shadow rows) and the canary rows of the period, unbounded in time but by
 the period; the series have at most about 30 points. Runs on a worker thread with a
-read-only connection (console/app.py), never on the event loop. On PostgreSQL a read is
-transferred whole before it is aggregated, so the bound there is the server's
-`statement_timeout` (telemetry/postgres.py).
+read-only connection (console/app.py), never on the event loop. On PostgreSQL the rows
+come through a server-side cursor (telemetry/reports.py `_streaming`), so the bound holds
+there too.
 """
 
 from __future__ import annotations

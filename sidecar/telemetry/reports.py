@@ -10,6 +10,7 @@ configuration name, bucket name or number, like the rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -95,16 +96,19 @@ def report_views(db: Database, kind: str, filters: Filters, views: dict[str, Vie
     with db.transaction() as cursor:
         expired = _expired_days(cursor, filters)
         columns = "*" if decisions or not _has_usage_columns(cursor) else USAGE_COLUMNS
-        for read, row in enumerate(_raw(cursor, db, "request_rows", "started_at", filters,
-                                        columns)):
-            if deadline is not None and not read % _BATCH and time.monotonic() > deadline:
-                raise ReportTooLong(f"more than {read:,} rows in the period")
-            at = row["started_at"]
-            key = tuple(view(row, at) for view in keys)
-            part = parts.get(key)
-            if part is None:
-                part = parts[key] = Aggregate()
-            part.add_row(row, decisions=decisions)
+        # Closed here, not when collected: a cut read's server-side cursor must not
+        # outlive its transaction (telemetry/postgres.py).
+        with contextlib.closing(_raw(cursor, db, "request_rows", "started_at", filters,
+                                     columns)) as rows:
+            for read, row in enumerate(rows):
+                if deadline is not None and not read % _BATCH and time.monotonic() > deadline:
+                    raise ReportTooLong(f"more than {read:,} rows in the period")
+                at = row["started_at"]
+                key = tuple(view(row, at) for view in keys)
+                part = parts.get(key)
+                if part is None:
+                    part = parts[key] = Aggregate()
+                part.add_row(row, decisions=decisions)
         for day, group, caller, target, rolled in _rolled_up(cursor, db, filters, expired):
             row = {"day": day, "group_name": group, "caller": caller,
                    "serving_target": target or None}
@@ -188,11 +192,25 @@ def _raw(cursor: Any, db: Database, table: str, time_column: str,
          filters: Filters, columns: str = "*") -> Iterator[dict[str, Any]]:
     where, params = _where(db, time_column, filters.since, filters.until, filters,
                            callers=table == "request_rows")
-    cursor.execute(f"SELECT {columns} FROM {table} WHERE {where}", params)
-    names = [d[0] for d in cursor.description]
-    while batch := cursor.fetchmany(_BATCH):
-        for values in batch:
-            yield dict(zip(names, values, strict=True))
+    reader = _streaming(cursor)
+    try:
+        reader.execute(f"SELECT {columns} FROM {table} WHERE {where}", params)
+        names = [d[0] for d in reader.description]
+        while batch := reader.fetchmany(_BATCH):
+            for values in batch:
+                yield dict(zip(names, values, strict=True))
+    finally:
+        if reader is not cursor:
+            reader.close()
+
+
+def _streaming(cursor: Any) -> Any:
+    """A cursor that brings the rows as they are read. SQLite's does; psycopg's ordinary
+    cursor transfers the whole result at `execute`, so on PostgreSQL a server-side cursor
+    of the same transaction: memory is a batch, and a reader's time bound holds."""
+    if type(cursor).__module__.startswith("psycopg"):
+        return cursor.connection.cursor(name="sidecar_report_rows")
+    return cursor
 
 
 def _expired_days(cursor: Any, filters: Filters) -> list[str]:

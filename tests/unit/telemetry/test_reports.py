@@ -260,3 +260,26 @@ def test_the_rollup_command_rolls_up_and_expires(tmp_path: Path) -> None:
                               str(tmp_path / "none.db")], capture_output=True, text=True,
                              timeout=60)
     assert missing.returncode == 2 and "no telemetry database" in missing.stderr
+
+
+def test_console_views_and_a_cut_read_on_either_store(database: Database) -> None:
+    """Issue 43: the console's several views of one read equal the reports on SQLite and
+    PostgreSQL (where rows come through a server-side cursor, so the time bound holds and
+    memory is a batch); a read cut by its bound leaves the store usable."""
+    from sidecar.telemetry.reports import ReportTooLong, report_views, view_key
+
+    store = TelemetryStore(database)
+    store.write([rich(n, DAY1 + 60 * n, "p/b" if n % 3 else "p/a",
+                      "server_error" if n % 7 == 0 else "ok") for n in range(1, 3000)],
+                [FallbackRow(f"f{n}", DAY1 + n, "g", "p/b", "p/a", 1, "timeout")
+                 for n in range(5)])
+    everything = Filters(DAY1, NOW)
+    views = report_views(database, "usage", everything,
+                         {by: view_key(by) for by in ("target", "caller", "group", "day")})
+    for by, rows in views.items():
+        assert rows == report(database, "usage", everything, by), by
+    with pytest.raises(ReportTooLong):
+        report_views(database, "usage", everything, {"target": view_key("target")},
+                     max_seconds=-1)
+    assert report(database, "usage", everything, "target") == views["target"]
+    store.close()
