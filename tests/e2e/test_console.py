@@ -7,8 +7,8 @@ the sidecar, the demo providers), rendered in headless Chromium.
   charts' colours counted), and, with SIDECAR_CONSOLE_SCREENSHOTS=<folder>, kept for
   README's tour.
 - A quiet demo given a known set of requests: every figure the pages show equals what
-  `/observations` (what `sidecar observations` prints), `/metrics` and `sidecar report`
-  say at the same moment.
+  `sidecar observations` (and `/observations`), `/metrics` and `sidecar report` say at
+  the same moment.
 The token rule and the secret search over every page run in tests/e2e/test_canary.py (its
 stack has an admin token and the canaries); the rest of the rules in
 tests/unit/console/."""
@@ -190,7 +190,12 @@ def test_the_pages_say_what_metrics_observations_and_report_say(tmp_path: Path) 
                 break
             time.sleep(0.2)
         # Nothing moves from here on: every source read at the same moment.
-        observed = httpx.get(f"{admin}/observations?window=600", timeout=10).json()["targets"]
+        observed = json.loads(subprocess.run(  # what `sidecar observations` prints
+            [sys.executable, "-m", "sidecar", "observations", "--admin-http",
+             admin.removeprefix("http://"), "--window", "600", "--format", "json"],
+            capture_output=True, text=True, timeout=60, check=True).stdout)["targets"]
+        assert observed == httpx.get(f"{admin}/observations?window=600",
+                                     timeout=10).json()["targets"]
         metrics = httpx.get(f"{admin}/metrics", timeout=10).text
         db = state / "model-group-sidecar" / "demo-telemetry.db"
         report = json.loads(subprocess.run(
