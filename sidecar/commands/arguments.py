@@ -52,8 +52,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--demo-traffic-rate", type=float, default=3.0, metavar="PER_SECOND",
                     help="requests a second the demo traffic sends on average (default: 3)")
     up.add_argument("--demo-drift-after", type=float, default=60.0, metavar="SECONDS",
-                    help="when the demo's drift starts: baseten slows down and fails for 2 "
-                         "minutes, every 10 (default: 60)")
+                    help="when the demo's drift starts: baseten slows down and fails for 90 s, "
+                         "every 10 minutes (default: 60)")
     up.add_argument("--envoy-log-level", default="warning")
     up.add_argument("--log-decisions", action="store_true",
                     help="log one JSON line per routing decision (safe scalars only)")

@@ -3,8 +3,9 @@
 ordinary SDKs send them, so the console shows routing at work (docs/console.md).
 
 The mix: simple questions, code work (a stack trace with its code, a diff: `complex` for
-the complexity signal), multi-turn conversations that grow turn by turn (affinity pins
-them), and Anthropic Messages requests to the `claude-agent` group; some of each streamed.
+the complexity signal), each a conversation of its own; six multi-turn conversations that
+grow turn by turn (affinity pins them); and Anthropic Messages requests to the
+`claude-agent` group; some of each streamed.
 Seeded, at a fixed average rate, with at most `max_in_flight` requests open (a slow target
 cannot make it pile up).
 """
@@ -52,6 +53,7 @@ class DemoTraffic:
     sent: Counter[str] = field(default_factory=Counter)
     answered: Counter[int] = field(default_factory=Counter)
     _turns: list[list[dict[str, str]]] = field(default_factory=list)
+    _asked: int = 0
 
     async def run(self, requests: int | None = None) -> None:
         """Until cancelled (or `requests` sent)."""
@@ -84,16 +86,24 @@ class DemoTraffic:
     def _next(self, chance: random.Random) -> tuple[str, str, dict[str, Any]]:
         draw = chance.random()
         stream = chance.random() < 0.3
+        # A first turn is its own conversation, as in real traffic: numbered, so no two
+        # share an opening (the same opening is the same conversation to affinity, whose
+        # pinned turns never carry a probe: a handful of repeated questions would pin all
+        # traffic and keep an ejected target from ever being probed).
+        self._asked += 1
         if draw < 0.35:
-            kind, messages = "simple", [{"role": "user", "content": chance.choice(SIMPLE)}]
+            kind, messages = "simple", [{"role": "user", "content":
+                                         f"{chance.choice(SIMPLE)} (question {self._asked})"}]
         elif draw < 0.6:
-            kind, messages = "code", [{"role": "user", "content": chance.choice(CODE)}]
+            kind, messages = "code", [{"role": "user", "content":
+                                       f"Task {self._asked}. {chance.choice(CODE)}"}]
         elif draw < 0.85:
             kind, messages = "conversation", self._turn(chance.randrange(CONVERSATIONS))
         else:
             body: dict[str, Any] = {"model": "claude-agent", "max_tokens": 256,
-                                    "messages": [{"role": "user",
-                                                  "content": chance.choice(SIMPLE)}]}
+                                    "messages": [{"role": "user", "content":
+                                                  f"{chance.choice(SIMPLE)} (question "
+                                                  f"{self._asked})"}]}
             if stream:
                 body["stream"] = True
             return "anthropic", "/v1/messages", body

@@ -45,7 +45,7 @@ class Drift:
 
     provider: str = "baseten"
     start_s: float = 60.0
-    end_s: float = 180.0
+    end_s: float = 150.0
     period_s: float = 600.0
     slowdown: float = 8.0
     error_rate: float = 0.4

@@ -49,6 +49,8 @@ from sidecar.operations.reload import enable_reload
 
 log = logging.getLogger("sidecar.up")
 GRAFANA_DASHBOARD = "deploy/grafana/sidecar-dashboard.json"
+# How long the demo's drift lasts (devstack/demo_world.py).
+DRIFT_S = demo_world.DEMO_DRIFT.end_s - demo_world.DEMO_DRIFT.start_s
 
 
 @dataclass(frozen=True)
@@ -148,9 +150,9 @@ def banner(config: SidecarConfig, options: StackOptions, envoy_pid: int, envoy_f
     ]
     if options.demo_world:
         lines.append(f"demo traffic: {options.demo_rate_per_s:g} requests a second; baseten "
-                     "slows down and fails "
-                     f"for 2 minutes every 10, from {options.demo_drift_after_s:g} s on "
-                     "(--no-demo-traffic for a quiet demo)")
+                     f"slows down and fails for {DRIFT_S:g} s every 10 minutes, from "
+                     f"{options.demo_drift_after_s:g} s on (--no-demo-traffic for a quiet "
+                     "demo)")
     lines += _see_what_it_did(config, options, files)
     lines.append("Press Ctrl-C to stop.")
     return "\n".join(lines)
@@ -252,7 +254,7 @@ async def run_stack(options: StackOptions) -> int:
         print(banner(config, options, envoy.pid, envoy_file, files), flush=True)
         if options.demo_world and providers is not None:
             drift = demo_world.Drift(start_s=options.demo_drift_after_s,
-                                     end_s=options.demo_drift_after_s + 120)
+                                     end_s=options.demo_drift_after_s + DRIFT_S)
             world = [asyncio.ensure_future(demo_world.run_drift(providers, drift)),
                      asyncio.ensure_future(DemoTraffic(
                          f"http://{options.addresses.listen}", options.demo_token,

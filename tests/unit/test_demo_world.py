@@ -52,6 +52,11 @@ def test_the_traffic_mixes_kinds_and_conversations_grow_turn_by_turn() -> None:
     assert {k for k, _, _ in kinds} == {"simple", "code", "conversation", "anthropic"}
     assert any(body.get("stream") for _, _, body in kinds)
     assert {p for k, p, _ in kinds if k == "anthropic"} == {"/v1/messages"}
+    # Every first turn but the multi-turn conversations' is an opening of its own: affinity
+    # pins an opening, and a pinned turn never carries a probe.
+    openings = [body["messages"][0]["content"] for k, _, body in kinds
+                if k in ("simple", "code", "anthropic")]
+    assert len(set(openings)) == len(openings)
     traffic._turns[0].clear()
     turns = [traffic._turn(0) for _ in range(len(TURNS) + 1)]
     assert [len(t) for t in turns] == [1, 3, 5, 7, 9, 11, 1]  # then it starts over
