@@ -221,6 +221,8 @@ def test_the_pages_say_what_metrics_observations_and_report_say(tmp_path: Path) 
             assert figure(row[10]) == round(figures["error_rate"] * 100, 1), target
         decisions = rendered_dom(console + "decisions")
         assert "the last 24 decisions of this replica" in decisions and "served 24" in decisions
+        # The page's script ran under the policy (a blocked script would leave no button).
+        assert 'id="pause"' in decisions and "live, every 5 s" in decisions
         usage = tables(rendered_dom(console + "usage?period=1h"))["usage by target"]
         on_page = {row[0]: row for row in usage[1:]}
         assert set(on_page) == {r["target"] for r in report}
